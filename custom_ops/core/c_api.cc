@@ -1,0 +1,60 @@
+// extern "C" entry points for bindings that cannot use C++ (Python's ctypes
+// uses these for init/shutdown/topology and for tests of the kernels).
+#include <cstring>
+#include <string>
+
+#include "reduce_kernels.h"
+#include "runtime.h"
+
+namespace {
+thread_local std::string last_error;
+
+int Report(const ddl::Status& s) {
+  last_error = s.message();
+  return static_cast<int>(s.code());
+}
+
+template <typename Field>
+int Query(Field field) {
+  auto engine = ddl::CurrentEngine();
+  return engine ? field(engine->context()) : -1;
+}
+}  // namespace
+
+extern "C" {
+
+int ddl_init() { return Report(ddl::Initialize()); }
+void ddl_shutdown() { ddl::Shutdown(); }
+int ddl_is_initialized() { return ddl::CurrentEngine() ? 1 : 0; }
+const char* ddl_last_error() { return last_error.c_str(); }
+
+int ddl_rank() { return Query([](const ddl::Context& c) { return c.rank; }); }
+int ddl_size() { return Query([](const ddl::Context& c) { return c.size; }); }
+int ddl_local_rank() { return Query([](const ddl::Context& c) { return c.local_rank; }); }
+int ddl_local_size() { return Query([](const ddl::Context& c) { return c.local_size; }); }
+int ddl_cross_rank() { return Query([](const ddl::Context& c) { return c.cross_rank; }); }
+int ddl_cross_size() { return Query([](const ddl::Context& c) { return c.cross_size; }); }
+int ddl_is_homogeneous() { return Query([](const ddl::Context& c) { return c.homogeneous ? 1 : 0; }); }
+
+// The MPI library this core was linked against, to check that mpi4py in
+// the same process uses the same one.
+int ddl_mpi_library_version(char* out, int capacity);
+
+// Float <-> 16-bit conversions, exposed so tests compare them with numpy.
+uint16_t ddl_float_to_half(float f) { return ddl::FloatToHalf(f); }
+float ddl_half_to_float(uint16_t h) { return ddl::HalfToFloat(h); }
+uint16_t ddl_float_to_bfloat16(float f) { return ddl::FloatToBFloat16(f); }
+float ddl_bfloat16_to_float(uint16_t b) { return ddl::BFloat16ToFloat(b); }
+
+}  // extern "C"
+
+#include <mpi.h>
+
+extern "C" int ddl_mpi_library_version(char* out, int capacity) {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  std::strncpy(out, version, capacity - 1);
+  out[capacity - 1] = '\0';
+  return length;
+}

@@ -1,0 +1,84 @@
+#include "config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace ddl {
+
+namespace {
+
+Status Invalid(const char* var, const char* value, const std::string& expected) {
+  return Status::InvalidArgument(std::string("environment variable ") + var + "='" + value +
+                                 "' is invalid: expected " + expected);
+}
+
+// Parses a finite number within [low, high]; unset leaves *out unchanged.
+Status ReadNumber(const char* var, double low, double high, const std::string& expected,
+                  double* out) {
+  const char* value = std::getenv(var);
+  if (value == nullptr) return Status::Ok();
+  char* end = nullptr;
+  errno = 0;
+  double parsed = std::strtod(value, &end);
+  if (end == value || *end != '\0' || errno != 0 || !std::isfinite(parsed) || parsed < low ||
+      parsed > high) {
+    return Invalid(var, value, expected);
+  }
+  *out = parsed;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Config::FromEnvironment(Config* c) {
+  Status s;
+  if (!(s = ReadNumber("DDL_FUSION_THRESHOLD_MB", 0, 1 << 16,
+                       "a number of megabytes between 0 and 65536", &c->fusion_threshold_mb))
+           .ok())
+    return s;
+  if (!(s = ReadNumber("DDL_CYCLE_TIME_MS", 0.01, 10000,
+                       "a number of milliseconds between 0.01 and 10000", &c->cycle_time_ms))
+           .ok())
+    return s;
+  if (!(s = ReadNumber("DDL_STALL_WARNING_S", 0.001, 1e9, "a positive number of seconds",
+                       &c->stall_warning_s))
+           .ok())
+    return s;
+  if (!(s = ReadNumber("DDL_STALL_TIMEOUT_S", 0, 1e9,
+                       "a number of seconds >= 0 (0 disables the timeout)", &c->stall_timeout_s))
+           .ok())
+    return s;
+  double local_size = c->local_size;
+  if (!(s = ReadNumber("DDL_LOCAL_SIZE", 1, 1 << 20, "a whole number of ranks >= 1",
+                       &local_size))
+           .ok())
+    return s;
+  if (local_size != std::floor(local_size)) {
+    return Invalid("DDL_LOCAL_SIZE", std::getenv("DDL_LOCAL_SIZE"),
+                   "a whole number of ranks >= 1");
+  }
+  c->local_size = static_cast<int>(local_size);
+  double capacity = c->cache_capacity;
+  if (!(s = ReadNumber("DDL_CACHE_CAPACITY", 0, 1 << 20, "a whole number of entries >= 0",
+                       &capacity))
+           .ok())
+    return s;
+  c->cache_capacity = static_cast<int>(capacity);
+  if (const char* algo = std::getenv("DDL_ALLREDUCE")) {
+    std::string a(algo);
+    if (a == "auto") {
+      c->allreduce = AllreduceAlgorithm::kAuto;
+    } else if (a == "flat") {
+      c->allreduce = AllreduceAlgorithm::kFlat;
+    } else if (a == "hierarchical") {
+      c->allreduce = AllreduceAlgorithm::kHierarchical;
+    } else {
+      return Invalid("DDL_ALLREDUCE", algo, "one of auto, flat, hierarchical");
+    }
+  }
+  if (const char* path = std::getenv("DDL_TIMELINE")) c->timeline_path = path;
+  return Status::Ok();
+}
+
+}  // namespace ddl

@@ -1,0 +1,27 @@
+// The DDL_* environment knobs, parsed and validated once at init. A bad
+// value is an error naming the variable and the value, never a silent default.
+#pragma once
+
+#include <string>
+
+#include "types.h"
+
+namespace ddl {
+
+enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical };
+
+struct Config {
+  double fusion_threshold_mb = 64.0;  // DDL_FUSION_THRESHOLD_MB, 0 disables fusion
+  double cycle_time_ms = 1.0;         // DDL_CYCLE_TIME_MS
+  AllreduceAlgorithm allreduce = AllreduceAlgorithm::kAuto;  // DDL_ALLREDUCE
+  int local_size = 0;                 // DDL_LOCAL_SIZE, 0 = detect from the machine
+  std::string timeline_path;          // DDL_TIMELINE
+  double stall_warning_s = 60.0;      // DDL_STALL_WARNING_S
+  double stall_timeout_s = 0.0;       // DDL_STALL_TIMEOUT_S, 0 = never
+  int cache_capacity = 1024;          // DDL_CACHE_CAPACITY, 0 disables the response cache
+
+  // Reads the environment; fills *config or returns InvalidArgument.
+  static Status FromEnvironment(Config* config);
+};
+
+}  // namespace ddl

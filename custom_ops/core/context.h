@@ -1,0 +1,32 @@
+// Who this process is: its rank in the world, on its node, and across nodes,
+// with one transport per group. Built once at init from MPI_COMM_WORLD.
+#pragma once
+
+#include <memory>
+
+#include "../transport/mpi_transport.h"
+#include "config.h"
+#include "types.h"
+
+namespace ddl {
+
+struct Context {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  bool homogeneous = true;  // every node has local_size ranks
+  Config config;
+  std::unique_ptr<MpiTransport> world;  // negotiation and flat algorithms
+  std::unique_ptr<MpiTransport> local;  // ranks of this node
+  std::unique_ptr<MpiTransport> cross;  // ranks with this local_rank on every node
+
+  // Initialises MPI if nobody has (thread level MULTIPLE is required, as
+  // Python may call MPI through mpi4py while the engine thread runs), reads
+  // the configuration and splits the world into node and cross groups.
+  static Status Create(std::unique_ptr<Context>* out);
+};
+
+}  // namespace ddl

@@ -1,0 +1,120 @@
+#include "coordinator.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace ddl {
+
+namespace {
+double Seconds(Coordinator::Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+}  // namespace
+
+void Coordinator::Add(const std::vector<Request>& requests, const ResponseCache& cache,
+                      Clock::time_point now) {
+  for (const Request& request : requests) {
+    if (cache.Contains(request.name)) evictions_.push_back(request.name);
+    Offers& offers = table_[request.name];
+    if (offers.by_rank.empty()) {
+      offers.by_rank.resize(size_);
+      offers.first_seen = now;
+    }
+    Request& slot = offers.by_rank[request.rank];
+    if (!slot.name.empty()) continue;  // resent after an eviction: already counted
+    slot = request;
+    if (++offers.count == size_) completed_.push_back(request.name);
+  }
+}
+
+void Coordinator::TrackPartialSlots(const std::vector<int>& partial_slots,
+                                    const ResponseCache& cache, Clock::time_point now) {
+  std::unordered_map<int, Clock::time_point> still_partial;
+  // A cached tensor normally completes within a cycle or two; one that some
+  // rank has not offered for a good fraction of the warning time is probably
+  // stalled, and only its name (not a slot bit) lets us report who is missing.
+  const double patience = std::min(1.0, config_.stall_warning_s / 2);
+  for (int slot : partial_slots) {
+    auto it = partial_since_.find(slot);
+    Clock::time_point since = it == partial_since_.end() ? now : it->second;
+    if (Seconds(now - since) >= patience && cache.Occupied(slot)) {
+      evictions_.push_back(cache.NameAt(slot));
+    } else {
+      still_partial[slot] = since;
+    }
+  }
+  partial_since_ = std::move(still_partial);
+}
+
+std::string Coordinator::Missing(const Offers& offers) const {
+  std::ostringstream out;
+  bool first = true;
+  for (int r = 0; r < size_; ++r) {
+    if (!offers.by_rank[r].name.empty()) continue;
+    out << (first ? "" : ", ") << r;
+    first = false;
+  }
+  return out.str();
+}
+
+void Coordinator::CheckStalls(Clock::time_point now) {
+  std::ostringstream warning, fatal;
+  int stalled = 0, timed_out = 0;
+  for (auto& [name, offers] : table_) {
+    if (offers.count == size_) continue;
+    double waited = Seconds(now - offers.first_seen);
+    if (waited >= config_.stall_warning_s && !offers.warned) {
+      offers.warned = true;
+      warning << "\n  '" << name << "' waiting " << static_cast<int>(waited)
+              << " s for ranks [" << Missing(offers) << "]";
+      ++stalled;
+    }
+    if (config_.stall_timeout_s > 0 && waited >= config_.stall_timeout_s) {
+      fatal << (timed_out ? "; " : "") << "'" << name << "' missing on ranks ["
+            << Missing(offers) << "]";
+      ++timed_out;
+    }
+  }
+  if (stalled) {
+    std::fprintf(stderr,
+                 "[keras_ddl] stall warning (rank 0): %d collective(s) submitted by some ranks "
+                 "but not others:%s\n"
+                 "  All ranks must issue the same named collectives; a rank may be slower, "
+                 "stuck, or skipping a step.\n",
+                 stalled, warning.str().c_str());
+    std::fflush(stderr);
+  }
+  if (timed_out) {
+    timed_out_ = true;
+    fatal_ = "stall timeout (DDL_STALL_TIMEOUT_S=" + std::to_string(config_.stall_timeout_s) +
+             "): " + fatal.str();
+  }
+}
+
+ResponseList Coordinator::Respond(Clock::time_point now) {
+  CheckStalls(now);
+  ResponseList out;
+  out.evictions = std::move(evictions_);
+  evictions_.clear();
+  for (const std::string& name : completed_) {
+    Offers& offers = table_[name];
+    const Request& first = offers.by_rank[0];
+    std::string mismatch;
+    for (int r = 1; r < size_ && mismatch.empty(); ++r) {
+      if (!first.Compatible(offers.by_rank[r])) mismatch = first.Difference(offers.by_rank[r]);
+    }
+    if (mismatch.empty()) {
+      out.ready.push_back(name);
+    } else {
+      out.errors.emplace_back(name, "Mismatched " + std::string(CollectiveName(first.collective)) +
+                                        " for tensor '" + name + "': " + mismatch);
+    }
+    table_.erase(name);
+  }
+  completed_.clear();
+  if (timed_out_) out.fatal = fatal_;
+  timed_out_ = false;
+  return out;
+}
+
+}  // namespace ddl

@@ -1,0 +1,63 @@
+// Rank 0's bookkeeping for the negotiation: which ranks have offered which
+// names, whether their offers agree, and which names are stalled.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config.h"
+#include "message.h"
+#include "response_cache.h"
+
+namespace ddl {
+
+class Coordinator {
+ public:
+  using Clock = std::chrono::steady_clock;
+  Coordinator(int world_size, const Config& config) : size_(world_size), config_(config) {}
+
+  // Records the requests one rank sent this cycle. A request for a name the
+  // cache holds means that rank's metadata changed: the name is evicted
+  // everywhere so the other ranks resend theirs for a full comparison.
+  void Add(const std::vector<Request>& requests, const ResponseCache& cache, Clock::time_point now);
+
+  // Cached names that some but not all ranks offered this cycle: if one stays
+  // like that it is evicted so the ranks that hold it say so by name, and the
+  // stall report can name who is missing.
+  void TrackPartialSlots(const std::vector<int>& partial_slots, const ResponseCache& cache,
+                         Clock::time_point now);
+
+  // True when the next cycle must run the full exchange even if no rank
+  // has new requests (evictions or a stall verdict are waiting to be sent).
+  bool HasPendingVerdict() const { return !evictions_.empty() || timed_out_; }
+
+  // Names complete on every rank (in completion order), mismatches, and
+  // evictions; warns on stderr about stalled names, and after the stall
+  // timeout returns a fatal message naming them and the missing ranks.
+  ResponseList Respond(Clock::time_point now);
+
+ private:
+  struct Offers {
+    std::vector<Request> by_rank;  // indexed by rank; name empty = not offered yet
+    int count = 0;
+    Clock::time_point first_seen;
+    bool warned = false;
+  };
+  std::string Missing(const Offers& offers) const;
+  void CheckStalls(Clock::time_point now);
+
+  int size_;
+  Config config_;
+  std::map<std::string, Offers> table_;
+  std::vector<std::string> completed_;  // names whose offers are all in, in order
+  std::vector<std::string> evictions_;
+  std::unordered_map<int, Clock::time_point> partial_since_;
+  bool timed_out_ = false;
+  std::string fatal_;
+};
+
+}  // namespace ddl

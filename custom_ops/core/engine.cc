@@ -1,0 +1,240 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace ddl {
+
+namespace {
+
+// Layout of the word vector every rank contributes to the per-cycle AND:
+// word 0 holds flags stored inverted (a rank clears a bit to raise it, so
+// the AND computes "any rank raised it"); then one bit per cache slot
+// (AND = offered by every rank); then the same bits inverted (AND of the
+// inverses = no rank offered it, i.e. NOT any).
+constexpr uint64_t kFlagHasRequests = 1u << 0;   // some rank has names to offer
+constexpr uint64_t kFlagShutdown = 1u << 1;      // some rank is shutting down
+constexpr uint64_t kFlagCoordinator = 1u << 2;   // rank 0 has a verdict to send
+
+std::string OnRank(int rank) { return " (rank " + std::to_string(rank) + ")"; }
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Context> ctx)
+    : ctx_(std::move(ctx)), cache_(ctx_->config.cache_capacity), executor_(*ctx_) {
+  if (ctx_->rank == 0) coordinator_ = std::make_unique<Coordinator>(ctx_->size, ctx_->config);
+  thread_ = std::thread(&Engine::Loop, this);
+}
+
+Engine::~Engine() { Shutdown(); }
+
+Status Engine::Validate(const Work& w) const {
+  const std::string where = " for tensor '" + w.name + "'" + OnRank(ctx_->rank);
+  if (w.name.empty()) return Status::InvalidArgument("collective without a name" + where);
+  for (int64_t d : w.shape) {
+    if (d < 0) return Status::InvalidArgument("negative dimension in shape " + ShapeString(w.shape) + where);
+  }
+  if ((w.collective == Collective::kAllreduce || w.collective == Collective::kReducescatter) &&
+      w.op == ReduceOp::kAverage && !IsFloating(w.dtype)) {
+    return Status::InvalidArgument(
+        std::string("op=Average is not defined for integer dtype ") + DataTypeName(w.dtype) +
+        " (it would silently floor); use op=Sum and divide, or cast to a float dtype" + where);
+  }
+  if (w.collective == Collective::kReducescatter && w.shape.empty()) {
+    return Status::InvalidArgument("reducescatter needs a tensor of rank >= 1, got a scalar" + where);
+  }
+  if (w.collective == Collective::kBroadcast && (w.root < 0 || w.root >= ctx_->size)) {
+    return Status::InvalidArgument("root_rank=" + std::to_string(w.root) + " is outside [0, " +
+                                   std::to_string(ctx_->size) + ")" + where);
+  }
+  return Status::Ok();
+}
+
+void Engine::Enqueue(std::vector<Work> works) {
+  std::vector<Work> rejected;
+  std::vector<Status> reasons;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Work& w : works) {
+      Status s = broken_.ok() ? Validate(w) : broken_;
+      if (s.ok()) {
+        queue_.push_back(std::move(w));
+      } else {
+        rejected.push_back(std::move(w));
+        reasons.push_back(s);
+      }
+    }
+  }
+  wake_.notify_one();
+  for (size_t i = 0; i < rejected.size(); ++i) Finish(rejected[i], reasons[i]);
+}
+
+void Engine::Shutdown() {
+  shutdown_requested_ = true;
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::FailAll(const Status& status) {
+  std::deque<Work> queued;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_.ok()) broken_ = status;
+    queued.swap(queue_);
+  }
+  for (auto& [name, p] : pending_) Finish(p.work, status);
+  pending_.clear();
+  unsent_.clear();
+  for (Work& w : queued) Finish(w, status);
+}
+
+void Engine::Admit(Work work) {
+  if (pending_.count(work.name)) {
+    Finish(work, Status::InvalidArgument(
+        "a collective named '" + work.name + "' is already in flight" + OnRank(ctx_->rank) +
+        "; concurrent collectives need distinct names"));
+    return;
+  }
+  Pending p;
+  p.request.name = work.name;
+  p.request.rank = ctx_->rank;
+  p.request.collective = work.collective;
+  p.request.dtype = work.dtype;
+  p.request.op = work.op;
+  p.request.root = work.root;
+  p.request.shape = work.shape;
+  int slot = -1;
+  p.cached = cache_.Find(p.request, &slot) == ResponseCache::Lookup::kHit;
+  if (!p.cached) unsent_.push_back(p.request);
+  p.work = std::move(work);
+  std::string name = p.work.name;
+  pending_.emplace(std::move(name), std::move(p));
+}
+
+void Engine::Loop() {
+  try {
+    while (RunCycle()) {
+    }
+  } catch (const std::exception& e) {
+    FailAll(Status::Aborted(std::string("keras_ddl communication failed: ") + e.what() +
+                            OnRank(ctx_->rank)));
+  }
+}
+
+bool Engine::RunCycle() {
+  const auto cycle = std::chrono::duration<double, std::milli>(ctx_->config.cycle_time_ms);
+  const auto start = std::chrono::steady_clock::now();
+  std::deque<Work> arrived;
+  {
+    // Sleep until the cycle is due, but start at once when work arrives:
+    // the first rank to have work then waits inside the negotiation for
+    // the others, so latency is bounded by one cycle of the slowest rank.
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait_until(lock, start + std::chrono::duration_cast<std::chrono::nanoseconds>(cycle),
+                     [&] { return !queue_.empty() || shutdown_requested_; });
+    arrived.swap(queue_);
+  }
+  for (Work& w : arrived) Admit(std::move(w));
+
+  const int slots = cache_.num_slots();
+  const int slot_words = (slots + 63) / 64;
+  std::vector<uint64_t> words(1 + 2 * slot_words, 0);
+  words[0] = ~uint64_t(0);
+  if (!unsent_.empty()) words[0] &= ~kFlagHasRequests;
+  if (shutdown_requested_) words[0] &= ~kFlagShutdown;
+  if (coordinator_ && coordinator_->HasPendingVerdict()) words[0] &= ~kFlagCoordinator;
+  for (int i = 0; i < slot_words; ++i) words[1 + slot_words + i] = ~uint64_t(0);
+  for (const auto& [name, p] : pending_) {
+    if (!p.cached) continue;
+    int slot = -1;
+    cache_.Find(p.request, &slot);
+    words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
+    words[1 + slot_words + slot / 64] &= ~(uint64_t(1) << (slot % 64));
+  }
+  ctx_->world->AllreduceBitwiseAnd(words);
+  const bool exchange = !(words[0] & kFlagHasRequests) || !(words[0] & kFlagCoordinator);
+  const bool shutdown = !(words[0] & kFlagShutdown);
+
+  // Cached names offered by every rank run in slot order; names offered by
+  // some but not all are reported to the coordinator's stall tracking.
+  std::vector<std::string> ready;
+  std::vector<int> partial;
+  for (int slot = 0; slot < slots; ++slot) {
+    bool all = (words[1 + slot / 64] >> (slot % 64)) & 1;
+    bool none = (words[1 + slot_words + slot / 64] >> (slot % 64)) & 1;
+    if (all) ready.push_back(cache_.NameAt(slot));
+    else if (!none) partial.push_back(slot);
+  }
+
+  ResponseList responses;
+  if (exchange) {
+    std::vector<std::vector<char>> gathered = ctx_->world->GatherBytes(EncodeRequests(unsent_), 0);
+    unsent_.clear();
+    std::vector<char> encoded;
+    if (coordinator_) {
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& bytes : gathered) coordinator_->Add(DecodeRequests(bytes), cache_, now);
+      encoded = EncodeResponses(coordinator_->Respond(now));
+    }
+    ctx_->world->BroadcastBytes(encoded, 0);
+    responses = DecodeResponses(encoded);
+  }
+  if (coordinator_) coordinator_->TrackPartialSlots(partial, cache_, std::chrono::steady_clock::now());
+
+  for (const std::string& name : responses.evictions) {
+    cache_.Evict(name);
+    auto it = pending_.find(name);
+    // Cache-ready names this cycle run anyway; others go back to naming.
+    if (it != pending_.end() && it->second.cached &&
+        std::find(ready.begin(), ready.end(), name) == ready.end()) {
+      it->second.cached = false;
+      unsent_.push_back(it->second.request);
+    }
+  }
+  for (const auto& [name, message] : responses.errors) {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) continue;
+    Finish(it->second.work, Status::InvalidArgument(message + OnRank(ctx_->rank)));
+    pending_.erase(it);
+  }
+
+  std::vector<Work> runnable;
+  std::vector<Request> agreed;
+  for (const std::string& name : ready) {
+    auto it = pending_.find(name);
+    runnable.push_back(std::move(it->second.work));
+    pending_.erase(it);
+  }
+  for (const std::string& name : responses.ready) {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) {
+      throw std::runtime_error("coordinator cleared '" + name + "', which this rank never offered");
+    }
+    agreed.push_back(it->second.request);
+    runnable.push_back(std::move(it->second.work));
+    pending_.erase(it);
+  }
+  try {
+    executor_.Run(runnable);
+  } catch (const std::exception& e) {
+    Status failed = Status::Aborted(std::string("keras_ddl communication failed: ") + e.what() +
+                                    OnRank(ctx_->rank));
+    for (Work& w : runnable) Finish(w, failed);
+    throw;
+  }
+  for (const Request& r : agreed) cache_.Insert(r);
+
+  if (!responses.fatal.empty()) {
+    FailAll(Status::DeadlineExceeded("keras_ddl aborted the job: " + responses.fatal + OnRank(ctx_->rank)));
+    return false;
+  }
+  if (shutdown) {
+    FailAll(Status::Aborted("keras_ddl has been shut down; a collective cannot run after "
+                            "ddl.shutdown() or once any rank has shut down" + OnRank(ctx_->rank)));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace ddl

@@ -1,0 +1,76 @@
+// The background engine: kernels enqueue Work and return; one thread owns
+// all MPI traffic and runs negotiation cycles. In each cycle every rank
+// reports what became ready; the coordinator (rank 0) answers with the
+// names ready everywhere, in one order, and every rank then executes that
+// list. Agreed names enter the response cache, after which a cycle costs
+// one small bitwise-AND allreduce.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "context.h"
+#include "coordinator.h"
+#include "executor.h"
+#include "message.h"
+#include "response_cache.h"
+#include "work.h"
+
+namespace ddl {
+
+class Engine {
+ public:
+  explicit Engine(std::unique_ptr<Context> ctx);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Context& context() const { return *ctx_; }
+
+  // Hands the works to the engine as one unit (they enter the same cycle).
+  // Invalid works fail through their done callback before this returns.
+  void Enqueue(std::vector<Work> works);
+
+  // Asks every rank's engine to stop after the current cycle and waits for
+  // this rank's thread. In-flight works fail with an Aborted status.
+  void Shutdown();
+
+ private:
+  struct Pending {
+    Work work;
+    Request request;
+    bool cached = false;  // offered through the cache bit, not by name
+  };
+
+  void Loop();
+  // Returns false when the engine must stop.
+  bool RunCycle();
+  Status Validate(const Work& work) const;
+  void Admit(Work work);
+  void FailAll(const Status& status);
+
+  std::unique_ptr<Context> ctx_;
+  ResponseCache cache_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  Executor executor_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Work> queue_;            // guarded by mutex_
+  Status broken_;                     // guarded by mutex_; set once the engine stops
+  std::atomic<bool> shutdown_requested_{false};
+
+  // Engine-thread state.
+  std::unordered_map<std::string, Pending> pending_;
+  std::vector<Request> unsent_;  // requests to offer by name in the next cycle
+  std::thread thread_;
+};
+
+}  // namespace ddl

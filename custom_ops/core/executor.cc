@@ -1,0 +1,144 @@
+#include "executor.h"
+
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "../algorithms/ring.h"
+
+namespace ddl {
+
+namespace {
+size_t Bytes(const Work& w) { return NumElements(w.shape) * DataTypeSize(w.dtype); }
+
+void CopyUnlessSame(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+}
+}  // namespace
+
+void Executor::Run(std::vector<Work>& ready) {
+  const size_t threshold = static_cast<size_t>(ctx_.config.fusion_threshold_mb * 1024 * 1024);
+  // Batches keyed by (dtype, op) in order of first appearance: the same list
+  // on every rank gives the same batches everywhere.
+  std::vector<std::vector<Work*>> batches;
+  std::map<std::pair<DataType, ReduceOp>, size_t> open;  // key -> index into batches
+  std::map<size_t, size_t> batch_bytes;
+  for (Work& w : ready) {
+    if (w.collective != Collective::kAllreduce) continue;
+    auto key = std::make_pair(w.dtype, w.op);
+    auto it = open.find(key);
+    if (it == open.end() || batch_bytes[it->second] + Bytes(w) > threshold) {
+      batches.emplace_back();
+      it = open.insert_or_assign(key, batches.size() - 1).first;
+    }
+    batches[it->second].push_back(&w);
+    batch_bytes[it->second] += Bytes(w);
+  }
+  for (auto& batch : batches) AllreduceBatch(batch);
+
+  for (Work& w : ready) {
+    Status s;
+    switch (w.collective) {
+      case Collective::kAllreduce:
+        continue;  // done above
+      case Collective::kAllgather:
+        s = Allgather(w);
+        break;
+      case Collective::kBroadcast:
+        s = Broadcast(w);
+        break;
+      case Collective::kReducescatter:
+        s = Reducescatter(w);
+        break;
+      case Collective::kBarrier:
+        break;  // agreement by every rank already was the barrier
+    }
+    Finish(w, s);
+  }
+}
+
+void Executor::AllreduceBuffer(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
+  RingAllreduce(*ctx_.world, buffer, count, dtype, op);
+}
+
+void Executor::AllreduceBatch(std::vector<Work*>& batch) {
+  const DataType dtype = batch[0]->dtype;
+  const ReduceOp op = batch[0]->op;
+  if (batch.size() == 1) {
+    Work& w = *batch[0];
+    CopyUnlessSame(w.output, w.input, Bytes(w));
+    AllreduceBuffer(w.output, NumElements(w.shape), dtype, op);
+    Finish(w, Status::Ok());
+    return;
+  }
+  size_t total = 0;
+  for (Work* w : batch) total += Bytes(*w);
+  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+  size_t offset = 0;
+  for (Work* w : batch) {
+    CopyUnlessSame(fusion_buffer_.data() + offset, w->input, Bytes(*w));
+    offset += Bytes(*w);
+  }
+  AllreduceBuffer(fusion_buffer_.data(), static_cast<int64_t>(total / DataTypeSize(dtype)), dtype,
+                  op);
+  offset = 0;
+  for (Work* w : batch) {
+    CopyUnlessSame(w->output, fusion_buffer_.data() + offset, Bytes(*w));
+    offset += Bytes(*w);
+    Finish(*w, Status::Ok());
+  }
+}
+
+Status Executor::Allgather(Work& w) {
+  // A scalar is gathered as a single row; otherwise rows run along axis 0.
+  std::vector<int64_t> shape = w.shape.empty() ? std::vector<int64_t>{1} : w.shape;
+  int64_t row_elems = 1;
+  for (size_t i = 1; i < shape.size(); ++i) row_elems *= shape[i];
+  const int64_t first = shape[0];
+  std::vector<int64_t> firsts = ctx_.world->AllgatherInt64(first);
+  std::vector<int64_t> out_shape = shape;
+  out_shape[0] = 0;
+  std::vector<size_t> bytes(firsts.size());
+  for (size_t r = 0; r < firsts.size(); ++r) {
+    out_shape[0] += firsts[r];
+    bytes[r] = firsts[r] * row_elems * DataTypeSize(w.dtype);
+  }
+  void* out = nullptr;
+  Status s = w.allocate(out_shape, &out);
+  if (!s.ok()) return s;
+  ctx_.world->AllgatherV(w.input, Bytes(w), out, bytes);
+  return Status::Ok();
+}
+
+Status Executor::Broadcast(Work& w) {
+  if (ctx_.rank == w.root) CopyUnlessSame(w.output, w.input, Bytes(w));
+  ctx_.world->Broadcast(w.output, Bytes(w), w.root);
+  return Status::Ok();
+}
+
+Status Executor::Reducescatter(Work& w) {
+  const int n = ctx_.size;
+  const int64_t rows = w.shape[0];
+  const int64_t row_elems = rows == 0 ? 0 : NumElements(w.shape) / rows;
+  std::vector<int64_t> row_counts = EvenSegments(rows, n);
+  std::vector<int64_t> out_shape = w.shape;
+  out_shape[0] = row_counts[ctx_.rank];
+  void* out = nullptr;
+  Status s = w.allocate(out_shape, &out);
+  if (!s.ok()) return s;
+  std::vector<int64_t> counts(n);
+  int64_t my_offset = 0;
+  for (int r = 0; r < n; ++r) {
+    counts[r] = row_counts[r] * row_elems;
+    if (r < ctx_.rank) my_offset += counts[r];
+  }
+  // The ring reduces in place, so it works on a copy of the input.
+  std::vector<char> work(Bytes(w));
+  CopyUnlessSame(work.data(), w.input, work.size());
+  RingReduceScatter(*ctx_.world, work.data(), counts, w.dtype, w.op);
+  const size_t elem = DataTypeSize(w.dtype);
+  CopyUnlessSame(out, work.data() + my_offset * elem, counts[ctx_.rank] * elem);
+  return Status::Ok();
+}
+
+}  // namespace ddl

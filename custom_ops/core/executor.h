@@ -1,0 +1,32 @@
+// Runs collectives that negotiation has cleared: packs allreduces into the
+// fusion buffer, picks the algorithm, and fills each output. Called only
+// from the engine thread, identically ordered on every rank.
+#pragma once
+
+#include <vector>
+
+#include "context.h"
+#include "work.h"
+
+namespace ddl {
+
+class Executor {
+ public:
+  explicit Executor(Context& ctx) : ctx_(ctx) {}
+
+  // Runs `ready` (same order on every rank); fuses allreduces with the same
+  // dtype and op up to the fusion threshold. Calls every done callback.
+  void Run(std::vector<Work>& ready);
+
+ private:
+  void AllreduceBatch(std::vector<Work*>& batch);
+  Status Allgather(Work& work);
+  Status Broadcast(Work& work);
+  Status Reducescatter(Work& work);
+  void AllreduceBuffer(void* buffer, int64_t count, DataType dtype, ReduceOp op);
+
+  Context& ctx_;
+  std::vector<char> fusion_buffer_;
+};
+
+}  // namespace ddl

@@ -1,0 +1,158 @@
+#include "message.h"
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace ddl {
+
+bool Request::Compatible(const Request& other) const {
+  if (collective != other.collective || dtype != other.dtype || op != other.op ||
+      root != other.root || shape.size() != other.shape.size()) {
+    return false;
+  }
+  size_t first = collective == Collective::kAllgather ? 1 : 0;
+  for (size_t i = first; i < shape.size(); ++i) {
+    if (shape[i] != other.shape[i]) return false;
+  }
+  return true;
+}
+
+std::string Request::Difference(const Request& other) const {
+  std::ostringstream out;
+  auto pair = [&](const char* what, const std::string& a, const std::string& b) {
+    out << what << " " << a << " on rank " << rank << " but " << b << " on rank " << other.rank;
+  };
+  if (collective != other.collective) {
+    pair("operation", CollectiveName(collective), CollectiveName(other.collective));
+  } else if (dtype != other.dtype) {
+    pair("dtype", DataTypeName(dtype), DataTypeName(other.dtype));
+  } else if (op != other.op) {
+    pair("reduction op", ReduceOpName(op), ReduceOpName(other.op));
+  } else if (root != other.root) {
+    pair("root_rank", std::to_string(root), std::to_string(other.root));
+  } else if (collective == Collective::kAllgather) {
+    pair("shape (all dimensions but the first must match)", ShapeString(shape),
+         ShapeString(other.shape));
+  } else {
+    pair("shape", ShapeString(shape), ShapeString(other.shape));
+  }
+  return out.str();
+}
+
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T value) {
+    const char* p = reinterpret_cast<const char*>(&value);
+    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+  }
+  void PutString(const std::string& s) {
+    Put<uint32_t>(static_cast<uint32_t>(s.size()));
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  std::vector<char> Take() { return std::move(bytes_); }
+
+ private:
+  std::vector<char> bytes_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<char>& bytes) : bytes_(bytes) {}
+  template <typename T>
+  T Get() {
+    Need(sizeof(T));
+    T value;
+    std::memcpy(&value, bytes_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return value;
+  }
+  std::string GetString() {
+    uint32_t n = Get<uint32_t>();
+    Need(n);
+    std::string s(bytes_.data() + pos_, n);
+    pos_ += n;
+    return s;
+  }
+  bool AtEnd() const { return pos_ == bytes_.size(); }
+
+ private:
+  void Need(size_t n) const {
+    if (pos_ + n > bytes_.size()) throw std::runtime_error("truncated negotiation message");
+  }
+  const std::vector<char>& bytes_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::vector<char> EncodeRequests(const std::vector<Request>& requests) {
+  Writer w;
+  w.Put<uint32_t>(static_cast<uint32_t>(requests.size()));
+  for (const Request& r : requests) {
+    w.PutString(r.name);
+    w.Put<int32_t>(r.rank);
+    w.Put<uint8_t>(static_cast<uint8_t>(r.collective));
+    w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
+    w.Put<uint8_t>(static_cast<uint8_t>(r.op));
+    w.Put<int32_t>(r.root);
+    w.Put<uint32_t>(static_cast<uint32_t>(r.shape.size()));
+    for (int64_t d : r.shape) w.Put<int64_t>(d);
+  }
+  return w.Take();
+}
+
+std::vector<Request> DecodeRequests(const std::vector<char>& bytes) {
+  std::vector<Request> requests;
+  if (bytes.empty()) return requests;
+  Reader rd(bytes);
+  uint32_t n = rd.Get<uint32_t>();
+  requests.resize(n);
+  for (Request& r : requests) {
+    r.name = rd.GetString();
+    r.rank = rd.Get<int32_t>();
+    r.collective = static_cast<Collective>(rd.Get<uint8_t>());
+    r.dtype = static_cast<DataType>(rd.Get<uint8_t>());
+    r.op = static_cast<ReduceOp>(rd.Get<uint8_t>());
+    r.root = rd.Get<int32_t>();
+    r.shape.resize(rd.Get<uint32_t>());
+    for (int64_t& d : r.shape) d = rd.Get<int64_t>();
+  }
+  return requests;
+}
+
+std::vector<char> EncodeResponses(const ResponseList& responses) {
+  Writer w;
+  w.Put<uint32_t>(static_cast<uint32_t>(responses.ready.size()));
+  for (const auto& name : responses.ready) w.PutString(name);
+  w.Put<uint32_t>(static_cast<uint32_t>(responses.errors.size()));
+  for (const auto& e : responses.errors) {
+    w.PutString(e.first);
+    w.PutString(e.second);
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(responses.evictions.size()));
+  for (const auto& name : responses.evictions) w.PutString(name);
+  w.PutString(responses.fatal);
+  return w.Take();
+}
+
+ResponseList DecodeResponses(const std::vector<char>& bytes) {
+  ResponseList out;
+  Reader rd(bytes);
+  out.ready.resize(rd.Get<uint32_t>());
+  for (auto& name : out.ready) name = rd.GetString();
+  out.errors.resize(rd.Get<uint32_t>());
+  for (auto& e : out.errors) {
+    e.first = rd.GetString();
+    e.second = rd.GetString();
+  }
+  out.evictions.resize(rd.Get<uint32_t>());
+  for (auto& name : out.evictions) name = rd.GetString();
+  out.fatal = rd.GetString();
+  return out;
+}
+
+}  // namespace ddl

@@ -1,0 +1,169 @@
+#include "reduce_kernels.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ddl {
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {  // inf / nan
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {  // signed zero
+    bits = sign;
+  } else {  // subnormal: value = mantissa * 2^-24, exact in float
+    float value = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+    std::memcpy(&bits, &value, sizeof(bits));
+    bits |= sign;
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits >= 0x7f800000u) {  // inf / nan keeps a quiet nan payload bit
+    return sign | 0x7c00u | (abs_bits > 0x7f800000u ? 0x200u : 0u);
+  }
+  if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504
+  if (abs_bits < 0x38800000u) {
+    // Subnormal half (or zero): scale so the float add does the
+    // round-to-nearest-even into the low mantissa bits for us.
+    float magnitude;
+    std::memcpy(&magnitude, &abs_bits, sizeof(magnitude));
+    float shifted = magnitude + 0.5f;  // 0.5 = 2^-1: aligns 2^-24 units to the ulp
+    uint32_t shifted_bits;
+    std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
+    return sign | static_cast<uint16_t>(shifted_bits - 0x3f000000u);
+  }
+  // Normal: rebias exponent (127 -> 15) and round mantissa to 10 bits, ties to even.
+  uint32_t odd = (abs_bits >> 13) & 1u;
+  abs_bits += 0xc8000fffu + odd;  // -(112 << 23) rebias, plus rounding bias
+  return sign | static_cast<uint16_t>(abs_bits >> 13);
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  uint32_t odd = (bits >> 16) & 1u;
+  bits += 0x7fffu + odd;  // round to nearest, ties to even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+namespace {
+
+template <typename T>
+inline T Apply(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return a + b;
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kProduct:
+      return a * b;
+  }
+  return a;
+}
+
+// One loop per op so the compiler can vectorise the common Sum case.
+template <typename T>
+void ReduceTyped(T* dst, const T* src, int64_t count, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      for (int64_t i = 0; i < count; ++i) dst[i] = dst[i] + src[i];
+      return;
+    case ReduceOp::kProduct:
+      for (int64_t i = 0; i < count; ++i) dst[i] = dst[i] * src[i];
+      return;
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < count; ++i) dst[i] = std::min(dst[i], src[i]);
+      return;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < count; ++i) dst[i] = std::max(dst[i], src[i]);
+      return;
+  }
+}
+
+// 16-bit floats are reduced in float and rounded back once per pairwise step.
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Reduce16(uint16_t* dst, const uint16_t* src, int64_t count, ReduceOp op) {
+  for (int64_t i = 0; i < count; ++i) {
+    dst[i] = FromFloat(Apply(ToFloat(dst[i]), ToFloat(src[i]), op));
+  }
+}
+
+template <typename T>
+void DivideTyped(T* buffer, int64_t count, int divisor) {
+  const T d = static_cast<T>(divisor);
+  for (int64_t i = 0; i < count; ++i) buffer[i] = buffer[i] / d;
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Divide16(uint16_t* buffer, int64_t count, int divisor) {
+  const float d = static_cast<float>(divisor);
+  for (int64_t i = 0; i < count; ++i) buffer[i] = FromFloat(ToFloat(buffer[i]) / d);
+}
+
+}  // namespace
+
+void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      return Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
+                                                static_cast<const uint16_t*>(src), count, op);
+    case DataType::kBFloat16:
+      return Reduce16<BFloat16ToFloat, FloatToBFloat16>(
+          static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, op);
+    case DataType::kFloat32:
+      return ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(src), count, op);
+    case DataType::kFloat64:
+      return ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(src), count, op);
+    case DataType::kInt32:
+      return ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, op);
+    case DataType::kInt64:
+      return ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, op);
+    case DataType::kUInt8:
+      return ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);
+    case DataType::kInt8:
+      return ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, op);
+  }
+}
+
+void DivideBy(void* buffer, int64_t count, DataType dtype, int divisor) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      return Divide16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buffer), count, divisor);
+    case DataType::kBFloat16:
+      return Divide16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buffer), count,
+                                                        divisor);
+    case DataType::kFloat32:
+      return DivideTyped(static_cast<float*>(buffer), count, divisor);
+    case DataType::kFloat64:
+      return DivideTyped(static_cast<double*>(buffer), count, divisor);
+    default:
+      return;  // integers never reach here (see header)
+  }
+}
+
+}  // namespace ddl

@@ -1,0 +1,24 @@
+// Element-wise kernels the algorithms apply to byte buffers: combine two
+// buffers with a reduction op, and scale a buffer (Average's division).
+#pragma once
+
+#include <cstdint>
+
+#include "types.h"
+
+namespace ddl {
+
+// dst[i] = op(dst[i], src[i]) for i in [0, count).
+void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
+
+// buffer[i] = buffer[i] / divisor, rounded once in the buffer's dtype.
+// Only floating dtypes; integer Average is rejected before it gets here.
+void DivideBy(void* buffer, int64_t count, DataType dtype, int divisor);
+
+// Conversions used by the 16-bit float kernels, exposed for tests.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+}  // namespace ddl

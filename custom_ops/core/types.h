@@ -1,0 +1,81 @@
+// Plain value types shared by every layer of the collective core.
+// Nothing here knows about TensorFlow or MPI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddl {
+
+// Wire values: these numbers cross process boundaries and the ctypes/op
+// attribute boundary, so they are fixed explicitly.
+enum class DataType : uint8_t {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,
+  kFloat64 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kUInt8 = 6,
+  kInt8 = 7,
+};
+
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAverage = 1,
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+
+enum class Collective : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kReducescatter = 3,
+  kBarrier = 4,
+};
+
+size_t DataTypeSize(DataType dtype);
+bool IsFloating(DataType dtype);
+bool IsValidDataType(int value);
+bool IsValidReduceOp(int value);
+const char* DataTypeName(DataType dtype);
+const char* ReduceOpName(ReduceOp op);
+const char* CollectiveName(Collective c);
+std::string ShapeString(const std::vector<int64_t>& shape);
+int64_t NumElements(const std::vector<int64_t>& shape);
+
+class Status {
+ public:
+  enum class Code : uint8_t {
+    kOk = 0,
+    kInvalidArgument = 1,   // caller's mistake: mismatch, bad dtype, bad op
+    kAborted = 2,           // the job is going down: shutdown, dead peer
+    kFailedPrecondition = 3,// not initialised, used after shutdown
+    kInternal = 4,          // MPI or invariant failure
+    kDeadlineExceeded = 5,  // stall timeout
+  };
+  Status() = default;
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
+  static Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
+  static Status FailedPrecondition(std::string m) {
+    return Status(Code::kFailedPrecondition, std::move(m));
+  }
+  static Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
+  static Status DeadlineExceeded(std::string m) {
+    return Status(Code::kDeadlineExceeded, std::move(m));
+  }
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+}  // namespace ddl

@@ -1,0 +1,38 @@
+// One collective as a framework hands it to the core: plain pointers and
+// callbacks, no framework types. This is the whole framework-facing surface.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "types.h"
+
+namespace ddl {
+
+struct Work {
+  std::string name;  // identical on every rank for the same collective
+  Collective collective = Collective::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  std::vector<int64_t> shape;
+  const void* input = nullptr;
+  // Allreduce and broadcast: preallocated output of the input's shape (may
+  // alias the input). Allgather and reducescatter: null; the core calls
+  // `allocate` with the output shape once it knows it.
+  void* output = nullptr;
+  std::function<Status(const std::vector<int64_t>& shape, void** data)> allocate;
+  // Called exactly once, from the engine thread (or from Enqueue on an
+  // immediate error).
+  std::function<void(const Status&)> done;
+};
+
+// Calls the done callback once; later calls are no-ops.
+inline void Finish(Work& work, const Status& status) {
+  auto done = std::move(work.done);
+  work.done = nullptr;
+  if (done) done(status);
+}
+
+}  // namespace ddl

@@ -1,0 +1,270 @@
+// TensorFlow binding of the collective core: op registrations with shape
+// functions, and AsyncOpKernels that hand tensors to the core and return;
+// the core completes them through a callback. This is the only file that
+// includes TensorFlow headers.
+#include <string>
+#include <vector>
+
+#include "core/runtime.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::InferenceContext;
+
+constexpr char kTypes[] = "{half, bfloat16, float, double, int32, int64, uint8, int8}";
+
+absl::Status ToTf(const ddl::Status& s) {
+  switch (s.code()) {
+    case ddl::Status::Code::kOk:
+      return absl::OkStatus();
+    case ddl::Status::Code::kInvalidArgument:
+      return absl::InvalidArgumentError(s.message());
+    case ddl::Status::Code::kAborted:
+      return absl::AbortedError(s.message());
+    case ddl::Status::Code::kFailedPrecondition:
+      return absl::FailedPreconditionError(s.message());
+    case ddl::Status::Code::kDeadlineExceeded:
+      return absl::DeadlineExceededError(s.message());
+    case ddl::Status::Code::kInternal:
+      break;
+  }
+  return absl::InternalError(s.message());
+}
+
+bool ToDdl(DataType t, ddl::DataType* out) {
+  switch (t) {
+    case DT_HALF: *out = ddl::DataType::kFloat16; return true;
+    case DT_BFLOAT16: *out = ddl::DataType::kBFloat16; return true;
+    case DT_FLOAT: *out = ddl::DataType::kFloat32; return true;
+    case DT_DOUBLE: *out = ddl::DataType::kFloat64; return true;
+    case DT_INT32: *out = ddl::DataType::kInt32; return true;
+    case DT_INT64: *out = ddl::DataType::kInt64; return true;
+    case DT_UINT8: *out = ddl::DataType::kUInt8; return true;
+    case DT_INT8: *out = ddl::DataType::kInt8; return true;
+    default: return false;
+  }
+}
+
+absl::Status SameShapes(InferenceContext* c) {
+  for (int i = 0; i < c->num_inputs() - 1; ++i) c->set_output(i, c->input(i));
+  return absl::OkStatus();
+}
+
+absl::Status UnknownFirstDim(InferenceContext* c) {
+  shape_inference::ShapeHandle out;
+  if (c->RankKnown(c->input(0)) && c->Rank(c->input(0)) == 0) {
+    c->set_output(0, c->Vector(c->UnknownDim()));  // a scalar gathers to a vector
+    return absl::OkStatus();
+  }
+  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
+// Every op takes its collective's name as a trailing scalar string input so
+// eager calls with fresh names reuse one cached kernel; an empty name means
+// "use this node's name", which is deterministic across ranks in a graph.
+REGISTER_OP("DdlAllreduce")
+    .Attr(std::string("T: ") + kTypes)
+    .Attr("reduce_op: int")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("reduced: T")
+    .SetShapeFn(SameShapes);
+
+REGISTER_OP("DdlGroupedAllreduce")
+    .Attr(std::string("T: list(") + kTypes + ") >= 1")
+    .Attr("reduce_op: int")
+    .Input("tensors: T")
+    .Input("tensor_name: string")
+    .Output("reduced: T")
+    .SetShapeFn(SameShapes);
+
+REGISTER_OP("DdlAllgather")
+    .Attr(std::string("T: ") + kTypes)
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("gathered: T")
+    .SetShapeFn(UnknownFirstDim);
+
+REGISTER_OP("DdlBroadcast")
+    .Attr(std::string("T: ") + kTypes)
+    .Attr("root_rank: int")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("broadcast: T")
+    .SetShapeFn(SameShapes);
+
+REGISTER_OP("DdlReducescatter")
+    .Attr(std::string("T: ") + kTypes)
+    .Attr("reduce_op: int")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("scattered: T")
+    .SetShapeFn(UnknownFirstDim);
+
+REGISTER_OP("DdlBarrier")
+    .Input("tensor_name: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext*) { return absl::OkStatus(); });
+
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  CollectiveKernel(OpKernelConstruction* c, ddl::Collective collective)
+      : AsyncOpKernel(c), collective_(collective) {
+    if (c->HasAttr("reduce_op")) {
+      int op = 0;
+      OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+      OP_REQUIRES(c, ddl::IsValidReduceOp(op),
+                  absl::InvalidArgumentError("reduce_op=" + std::to_string(op) +
+                                             " is not one of Sum, Average, Min, Max, Product"));
+      op_ = static_cast<ddl::ReduceOp>(op);
+    }
+    if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+  }
+
+ protected:
+  std::string CollectiveName(OpKernelContext* ctx) const {
+    const Tensor& t = ctx->input(ctx->num_inputs() - 1);
+    std::string given = t.NumElements() == 1 ? std::string(t.scalar<tstring>()()) : "";
+    return given.empty() ? name() : given;
+  }
+
+  // Builds the core's description of input `index`; fails the op on an
+  // unsupported dtype.
+  absl::Status Describe(OpKernelContext* ctx, int index, const std::string& name,
+                        ddl::Work* w) const {
+    const Tensor& in = ctx->input(index);
+    if (!ToDdl(in.dtype(), &w->dtype)) {
+      return absl::InvalidArgumentError("unsupported dtype " + DataTypeString(in.dtype()) +
+                                        " for tensor '" + name + "'");
+    }
+    w->name = name;
+    w->collective = collective_;
+    w->op = op_;
+    w->root = root_;
+    for (int d = 0; d < in.dims(); ++d) w->shape.push_back(in.dim_size(d));
+    w->input = in.data();
+    return absl::OkStatus();
+  }
+
+  // A done callback shared by a group: the op completes when all members do.
+  static std::function<void(const ddl::Status&)> Completion(OpKernelContext* ctx,
+                                                           DoneCallback done, int members) {
+    struct Group {
+      std::atomic<int> remaining;
+      DoneCallback done;
+      std::mutex mutex;
+      ddl::Status first_error;
+    };
+    auto group = std::make_shared<Group>();
+    group->remaining = members;
+    group->done = std::move(done);
+    return [ctx, group](const ddl::Status& s) {
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(group->mutex);
+        if (group->first_error.ok()) group->first_error = s;
+      }
+      if (--group->remaining == 0) {
+        if (!group->first_error.ok()) ctx->SetStatus(ToTf(group->first_error));
+        group->done();
+      }
+    };
+  }
+
+  static std::function<ddl::Status(const std::vector<int64_t>&, void**)> Allocator(
+      OpKernelContext* ctx) {
+    return [ctx](const std::vector<int64_t>& shape, void** data) {
+      TensorShape ts;
+      for (int64_t d : shape) ts.AddDim(d);
+      Tensor* out = nullptr;
+      absl::Status s = ctx->allocate_output(0, ts, &out);
+      if (!s.ok()) return ddl::Status::Internal(std::string(s.message()));
+      *data = out->data();
+      return ddl::Status::Ok();
+    };
+  }
+
+  ddl::Collective collective_;
+  ddl::ReduceOp op_ = ddl::ReduceOp::kSum;
+  int root_ = 0;
+};
+
+// Allreduce and broadcast: output has the input's shape, allocated here.
+class SameShapeKernel : public CollectiveKernel {
+ public:
+  SameShapeKernel(OpKernelConstruction* c, ddl::Collective collective)
+      : CollectiveKernel(c, collective) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int members = ctx->num_inputs() - 1;
+    const std::string base = CollectiveName(ctx);
+    std::vector<ddl::Work> works(members);
+    for (int i = 0; i < members; ++i) {
+      std::string name = members == 1 ? base : base + "." + std::to_string(i);
+      OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, i, name, &works[i]), done);
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(
+          ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
+      works[i].output = out->data();
+    }
+    auto completion = Completion(ctx, std::move(done), members);
+    for (auto& w : works) w.done = completion;
+    ddl::Submit(std::move(works));
+  }
+};
+
+// Allgather and reducescatter: the core allocates once it knows the shape.
+class CoreShapedKernel : public CollectiveKernel {
+ public:
+  CoreShapedKernel(OpKernelConstruction* c, ddl::Collective collective)
+      : CollectiveKernel(c, collective) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::vector<ddl::Work> works(1);
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, CollectiveName(ctx), &works[0]), done);
+    works[0].allocate = Allocator(ctx);
+    works[0].done = Completion(ctx, std::move(done), 1);
+    ddl::Submit(std::move(works));
+  }
+};
+
+class BarrierKernel : public CollectiveKernel {
+ public:
+  explicit BarrierKernel(OpKernelConstruction* c)
+      : CollectiveKernel(c, ddl::Collective::kBarrier) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::vector<ddl::Work> works(1);
+    works[0].name = CollectiveName(ctx);
+    works[0].collective = ddl::Collective::kBarrier;
+    works[0].done = Completion(ctx, std::move(done), 1);
+    ddl::Submit(std::move(works));
+  }
+};
+
+template <ddl::Collective C, typename K>
+class Bound : public K {
+ public:
+  explicit Bound(OpKernelConstruction* c) : K(c, C) {}
+};
+
+REGISTER_KERNEL_BUILDER(Name("DdlAllreduce").Device(DEVICE_CPU).HostMemory("tensor_name"),
+                        Bound<ddl::Collective::kAllreduce, SameShapeKernel>);
+REGISTER_KERNEL_BUILDER(Name("DdlGroupedAllreduce").Device(DEVICE_CPU).HostMemory("tensor_name"),
+                        Bound<ddl::Collective::kAllreduce, SameShapeKernel>);
+REGISTER_KERNEL_BUILDER(Name("DdlBroadcast").Device(DEVICE_CPU).HostMemory("tensor_name"),
+                        Bound<ddl::Collective::kBroadcast, SameShapeKernel>);
+REGISTER_KERNEL_BUILDER(Name("DdlAllgather").Device(DEVICE_CPU).HostMemory("tensor_name"),
+                        Bound<ddl::Collective::kAllgather, CoreShapedKernel>);
+REGISTER_KERNEL_BUILDER(Name("DdlReducescatter").Device(DEVICE_CPU).HostMemory("tensor_name"),
+                        Bound<ddl::Collective::kReducescatter, CoreShapedKernel>);
+REGISTER_KERNEL_BUILDER(Name("DdlBarrier").Device(DEVICE_CPU).HostMemory("tensor_name"),
+                        BarrierKernel);
+
+}  // namespace
+}  // namespace tensorflow

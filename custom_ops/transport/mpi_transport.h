@@ -1,0 +1,59 @@
+// Transport over one MPI communicator, plus the small collectives the
+// engine's negotiation needs. All waiting goes through Wait(), which polls
+// with a short spin, then yields, then sleeps with backoff, so ranks that
+// outnumber cores still make progress.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "transport.h"
+
+namespace ddl {
+
+class MpiTransport : public Transport {
+ public:
+  // Takes ownership of `comm` (freed in the destructor).
+  explicit MpiTransport(MPI_Comm comm);
+  ~MpiTransport() override;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Handle Isend(const void* data, size_t bytes, int peer, int tag) override;
+  Handle Irecv(void* data, size_t bytes, int peer, int tag) override;
+  void Wait(Handle handle) override;
+  size_t MaxMessageBytes() const override { return kMaxMessageBytes; }
+
+  // Negotiation collectives (every rank of the communicator calls them).
+  void AllreduceBitwiseAnd(std::vector<uint64_t>& words);
+  // Root receives every rank's bytes; others get an empty result.
+  std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine, int root);
+  void BroadcastBytes(std::vector<char>& data, int root);
+  std::vector<int64_t> AllgatherInt64(int64_t mine);
+  // Data collectives used by algorithms that map 1:1 onto MPI.
+  void Broadcast(void* data, size_t bytes, int root);
+  void AllgatherV(const void* mine, size_t my_bytes, void* out,
+                  const std::vector<size_t>& bytes_per_rank);
+
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  static constexpr size_t kMaxMessageBytes = size_t(1) << 30;
+  void WaitRequest(MPI_Request* request, const char* what);
+  Handle Track(MPI_Request request);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<MPI_Request> requests_;
+  std::vector<Handle> free_handles_;
+};
+
+// Wraps an MPI error code into a readable message.
+std::string MpiErrorString(int code);
+
+}  // namespace ddl

@@ -1,0 +1,41 @@
+// The point-to-point interface every algorithm is written against. A
+// transport is one group of ranks (world, one node, or one cross-node
+// column); algorithms see only rank/size and byte messages, never MPI.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddl {
+
+class Transport {
+ public:
+  using Handle = int;  // index of an in-flight message, owned by the transport
+
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Start a message; the buffer must stay untouched until Wait returns.
+  virtual Handle Isend(const void* data, size_t bytes, int peer, int tag) = 0;
+  virtual Handle Irecv(void* data, size_t bytes, int peer, int tag) = 0;
+  // Block (without monopolising the core) until the message completes.
+  // Throws TransportError on failure.
+  virtual void Wait(Handle handle) = 0;
+
+  // Largest message a single Isend/Irecv accepts; algorithms chunk above it.
+  virtual size_t MaxMessageBytes() const = 0;
+};
+
+class TransportError : public std::exception {
+ public:
+  explicit TransportError(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+}  // namespace ddl

@@ -1,0 +1,149 @@
+"""Process model: start and stop the collective engine, and ask who we are.
+
+The engine lives in ``libddl_core.so`` (plain C++ over MPI), loaded here
+with ctypes. mpi4py is imported first so it initialises MPI with
+``MPI_THREAD_MULTIPLE`` and so the core and mpi4py share one MPI library in
+the process; a mismatch between the two is detected and reported.
+"""
+
+import atexit
+import ctypes
+import json
+import os
+import threading
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+CORE_LIBRARY = os.path.join(_HERE, "libddl_core.so")
+OPS_LIBRARY = os.path.join(_HERE, "ddl_tf_ops.so")
+BUILD_INFO = os.path.join(_HERE, "build_info.json")
+
+REBUILD_HINT = (
+    "Rebuild keras_ddl against the installed packages with\n"
+    "    pip install --no-build-isolation --no-deps --force-reinstall .\n"
+    "from the keras_ddl source tree (see README.md).")
+
+# Status codes of the C++ core (custom_ops/core/types.h, Status::Code).
+_INVALID_ARGUMENT = 1
+
+_lock = threading.Lock()
+_core = None
+_atexit_registered = False
+
+
+def build_info():
+    """What the compiled libraries were built against (a dict)."""
+    try:
+        with open(BUILD_INFO) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ImportError(
+            "keras_ddl's compiled libraries are missing (no build_info.json next to "
+            f"{__file__}).\n" + REBUILD_HINT) from None
+
+
+def _load_core():
+    global _core
+    if _core is not None:
+        return _core
+    info = build_info()
+    from mpi4py import MPI  # initialises MPI before the core touches it
+
+    try:
+        lib = ctypes.CDLL(CORE_LIBRARY, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise ImportError(f"cannot load {CORE_LIBRARY}: {e}\n" + REBUILD_HINT) from e
+    lib.ddl_last_error.restype = ctypes.c_char_p
+    lib.ddl_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    for fn in ("ddl_float_to_half", "ddl_float_to_bfloat16"):
+        getattr(lib, fn).argtypes = [ctypes.c_float]
+        getattr(lib, fn).restype = ctypes.c_uint16
+    for fn in ("ddl_half_to_float", "ddl_bfloat16_to_float"):
+        getattr(lib, fn).argtypes = [ctypes.c_uint16]
+        getattr(lib, fn).restype = ctypes.c_float
+
+    buf = ctypes.create_string_buffer(8192)
+    lib.ddl_mpi_library_version(buf, len(buf))
+    core_mpi = buf.value.decode(errors="replace").strip()
+    mpi4py_mpi = MPI.Get_library_version().strip()
+    if core_mpi.splitlines()[:1] != mpi4py_mpi.splitlines()[:1]:
+        raise ImportError(
+            "keras_ddl and mpi4py use different MPI libraries in this process:\n"
+            f"  keras_ddl (built with {info.get('mpi', '?')}): {core_mpi.splitlines()[:1]}\n"
+            f"  mpi4py: {mpi4py_mpi.splitlines()[:1]}\n"
+            "Build mpi4py against the same MPI (pip install --no-binary mpi4py mpi4py with "
+            "MPICC set), or rebuild keras_ddl with DDL_MPI_CXX naming that MPI's compiler.")
+    _core = lib
+    return lib
+
+
+def init():
+    """Starts keras_ddl on this process (idempotent).
+
+    Collectives call it implicitly. A process started without any launcher
+    is a world of size 1. Raises ValueError for an invalid ``DDL_*``
+    environment variable (on every rank, naming the variable).
+    """
+    global _atexit_registered
+    with _lock:
+        lib = _load_core()
+        code = lib.ddl_init()
+        if code != 0:
+            message = lib.ddl_last_error().decode()
+            raise (ValueError if code == _INVALID_ARGUMENT else RuntimeError)(
+                f"keras_ddl.init() failed: {message}")
+        if not _atexit_registered:
+            # Registered after mpi4py's import, so it runs before MPI finalises.
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+
+def shutdown():
+    """Stops the engine; collectives in flight on any rank fail with an error."""
+    with _lock:
+        if _core is not None:
+            _core.ddl_shutdown()
+
+
+def is_initialized():
+    return _core is not None and bool(_core.ddl_is_initialized())
+
+
+def _query(fn_name):
+    if not is_initialized():
+        init()
+    return int(getattr(_core, fn_name)())
+
+
+def rank():
+    """This process's rank in the world, 0 <= rank < size."""
+    return _query("ddl_rank")
+
+
+def size():
+    """Number of processes in the job."""
+    return _query("ddl_size")
+
+
+def local_rank():
+    """Rank among the processes on this node (or virtual node, DDL_LOCAL_SIZE)."""
+    return _query("ddl_local_rank")
+
+
+def local_size():
+    """Number of processes on this node."""
+    return _query("ddl_local_size")
+
+
+def cross_rank():
+    """Index of this node among the nodes (rank within the same-local-rank group)."""
+    return _query("ddl_cross_rank")
+
+
+def cross_size():
+    """Number of nodes holding a process with this local rank."""
+    return _query("ddl_cross_size")
+
+
+def core_library():
+    """The loaded core (ctypes), for tests and tools."""
+    return _load_core()

@@ -1,0 +1,304 @@
+"""Collective operations on TensorFlow tensors.
+
+Thin wrappers over the C++ ops in ``ddl_tf_ops.so``; each op enqueues its
+tensor in the background engine and completes when every rank has offered
+a collective of the same name. Gradients are registered here, so the ops
+work inside ``tf.GradientTape`` and ``tf.function``.
+"""
+
+import enum
+import itertools
+import threading
+
+import tensorflow as tf
+
+from . import basics
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction of ``allreduce``/``reducescatter`` (values are the op attr)."""
+    Sum = 0
+    Average = 1
+    Min = 2
+    Max = 3
+    Product = 4
+
+
+Sum = ReduceOp.Sum
+Average = ReduceOp.Average
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
+                    tf.int32, tf.int64, tf.uint8, tf.int8)
+
+_lib = None
+_lib_lock = threading.Lock()
+_eager_names = itertools.count()
+
+
+def op_library():
+    """Loads the TensorFlow op library, checking it matches this TensorFlow."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is None:
+            info = basics.build_info()
+            built_for = info.get("tensorflow")
+            if built_for != tf.__version__:
+                raise ImportError(
+                    f"keras_ddl's op library was built for TensorFlow {built_for}, but "
+                    f"TensorFlow {tf.__version__} is installed; a custom op library only "
+                    "loads into the TensorFlow it was compiled against.\n" + basics.REBUILD_HINT)
+            basics.init()  # loads the core first, so the op library links to it
+            try:
+                _lib = tf.load_op_library(basics.OPS_LIBRARY)
+            except (tf.errors.NotFoundError, OSError) as e:
+                raise ImportError(
+                    f"cannot load {basics.OPS_LIBRARY} (built for TensorFlow {built_for}): "
+                    f"{e}\n" + basics.REBUILD_HINT) from e
+    return _lib
+
+
+def _label(tensor):
+    name = getattr(tensor, "name", None)
+    return f"'{name}'" if name and not tf.executing_eagerly() else "a tensor"
+
+
+def _check_tensor(tensor, argument, op=None):
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"keras_ddl: {argument} has dtype {tensor.dtype.name}, which is not supported "
+            f"(supported: {', '.join(d.name for d in SUPPORTED_DTYPES)}) on rank {basics.rank()}")
+    if op is not None:
+        op = ReduceOp(op)
+        if op == Average and not (tensor.dtype.is_floating):
+            raise ValueError(
+                f"keras_ddl: op=Average is not defined for integer dtype {tensor.dtype.name} "
+                f"of {argument} ({_label(tensor)}) on rank {basics.rank()}: it would silently "
+                "floor. Use op=Sum and divide, or cast to a float dtype.")
+
+
+def _to_tensor(value, argument):
+    if isinstance(value, tf.IndexedSlices):
+        value = tf.convert_to_tensor(value)
+    try:
+        return tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"keras_ddl: {argument} must be a tensor or convertible to one, "
+                        f"got {type(value).__name__}: {e}") from None
+
+
+def _name_input(name, kind):
+    """The op's tensor_name input.
+
+    Eager calls without a name get a process-wide counter (every rank makes
+    the same eager calls in the same order); in a graph an empty name makes
+    the kernel use its node name.
+    """
+    if name is None:
+        name = f"{kind}.{next(_eager_names)}" if tf.executing_eagerly() else ""
+    return tf.constant(name, dtype=tf.string)
+
+
+class Compression:
+    """Wire compression for floating tensors: cast for the transfer and back."""
+
+    class _Cast:
+        def __init__(self, wire_dtype, label):
+            self.wire_dtype = wire_dtype
+            self.label = label
+
+        def compress(self, tensor):
+            if tensor.dtype.is_floating and tensor.dtype != self.wire_dtype:
+                return tf.cast(tensor, self.wire_dtype), tensor.dtype
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, original_dtype):
+            return tensor if original_dtype is None else tf.cast(tensor, original_dtype)
+
+        def __repr__(self):
+            return f"Compression.{self.label}"
+
+    class _NoCompression(_Cast):
+        def compress(self, tensor):
+            return tensor, None
+
+    none = _NoCompression(None, "none")
+    fp16 = _Cast(tf.float16, "fp16")
+    bf16 = _Cast(tf.bfloat16, "bf16")
+
+
+def allreduce(tensor, op=Average, name=None, compression=Compression.none):
+    """Reduces ``tensor`` over all ranks; every rank gets the same result.
+
+    Results are bitwise identical on every rank. ``Average`` divides the sum
+    by ``size()`` and is an error for integer dtypes.
+    """
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_indexed_slices(tensor, op, name)
+    tensor = _to_tensor(tensor, "tensor")
+    _check_tensor(tensor, "tensor", op)
+    wire, original = compression.compress(tensor)
+    out = op_library().ddl_allreduce(wire, _name_input(name, "allreduce"), reduce_op=int(op))
+    return compression.decompress(out, original)
+
+
+def _allreduce_indexed_slices(slices, op, name):
+    # Sparse gradients (embeddings) are gathered, not densified: the sum of
+    # IndexedSlices is the concatenation of their rows.
+    if ReduceOp(op) not in (Sum, Average):
+        raise ValueError(f"keras_ddl: op={ReduceOp(op).name} is not defined for IndexedSlices")
+    values = allgather(slices.values, name=None if name is None else name + ".values")
+    indices = allgather(slices.indices, name=None if name is None else name + ".indices")
+    if ReduceOp(op) == Average:
+        values = values / tf.cast(basics.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.none):
+    """Allreduces a list of tensors in one negotiation and fused transfers."""
+    tensors = [_to_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    if not tensors:
+        return []
+    wires, originals = [], []
+    for i, t in enumerate(tensors):
+        _check_tensor(t, f"tensors[{i}]", op)
+        wire, original = compression.compress(t)
+        wires.append(wire)
+        originals.append(original)
+    outs = op_library().ddl_grouped_allreduce(
+        wires, _name_input(name, "grouped_allreduce"), reduce_op=int(op))
+    return [compression.decompress(o, orig) for o, orig in zip(outs, originals)]
+
+
+def allgather(tensor, name=None):
+    """Concatenates every rank's ``tensor`` along axis 0 (in rank order).
+
+    The first dimension may differ between ranks; the others must match.
+    A scalar is gathered as a vector of ``size()`` elements.
+    """
+    tensor = _to_tensor(tensor, "tensor")
+    _check_tensor(tensor, "tensor")
+    return op_library().ddl_allgather(tensor, _name_input(name, "allgather"))
+
+
+def broadcast(tensor, root_rank=0, name=None):
+    """Returns ``root_rank``'s ``tensor`` on every rank."""
+    tensor = _to_tensor(tensor, "tensor")
+    _check_tensor(tensor, "tensor")
+    _check_root(root_rank)
+    return op_library().ddl_broadcast(tensor, _name_input(name, "broadcast"),
+                                      root_rank=int(root_rank))
+
+
+def reducescatter(tensor, op=Sum, name=None):
+    """Reduces over ranks and returns this rank's block of rows of axis 0.
+
+    Rows are split as evenly as possible: the first ``rows % size`` ranks
+    get one more row than the others.
+    """
+    tensor = _to_tensor(tensor, "tensor")
+    _check_tensor(tensor, "tensor", op)
+    if tensor.shape.rank == 0:
+        raise ValueError(f"keras_ddl: reducescatter needs a tensor of rank >= 1, got a scalar "
+                         f"on rank {basics.rank()}")
+    return op_library().ddl_reducescatter(tensor, _name_input(name, "reducescatter"),
+                                          reduce_op=int(op))
+
+
+def barrier(name=None):
+    """Returns once every rank has called ``barrier``."""
+    op_library().ddl_barrier(_name_input(name, "barrier"))
+
+
+def _check_root(root_rank):
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
+        raise TypeError(f"keras_ddl: root_rank must be an int, got {root_rank!r}")
+    if not 0 <= root_rank < basics.size():
+        raise ValueError(f"keras_ddl: root_rank={root_rank} is outside [0, {basics.size()}) "
+                         f"on rank {basics.rank()}")
+
+
+_broadcast_calls = itertools.count()
+
+
+def broadcast_variables(variables, root_rank=0):
+    """Assigns ``root_rank``'s values to ``variables`` on every rank.
+
+    Variables are packed per dtype into one buffer each, so the whole list
+    costs one collective per dtype.
+    """
+    variables = list(variables)
+    _check_root(root_rank)
+    call = next(_broadcast_calls)
+    by_dtype = {}
+    for v in variables:
+        by_dtype.setdefault(tf.as_dtype(v.dtype), []).append(v)
+    for dtype, group in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+        flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], axis=0)
+        flat = broadcast(flat, root_rank, name=f"broadcast_variables.{call}.{dtype.name}")
+        sizes = [int(tf.size(tf.convert_to_tensor(v))) for v in group]
+        for v, part in zip(group, tf.split(flat, sizes)):
+            v.assign(tf.reshape(part, tf.shape(tf.convert_to_tensor(v))))
+
+
+# Gradients. Inside a graph the gradient ops are named after their nodes;
+# under an eager tape they take the eager counter, like any eager call.
+
+@tf.RegisterGradient("DdlAllreduce")
+def _allreduce_grad(op, grad):
+    reduce_op = ReduceOp(op.get_attr("reduce_op"))
+    if reduce_op not in (Sum, Average):
+        raise LookupError(f"keras_ddl: allreduce with op={reduce_op.name} has no gradient")
+    return [op_library().ddl_allreduce(grad, _name_input(None, "allreduce.grad"),
+                                       reduce_op=int(reduce_op)), None]
+
+
+@tf.RegisterGradient("DdlGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    reduce_op = ReduceOp(op.get_attr("reduce_op"))
+    if reduce_op not in (Sum, Average):
+        raise LookupError(f"keras_ddl: grouped_allreduce with op={reduce_op.name} has no gradient")
+    grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs[:-1])]
+    reduced = op_library().ddl_grouped_allreduce(
+        grads, _name_input(None, "grouped_allreduce.grad"), reduce_op=int(reduce_op))
+    return list(reduced) + [None]
+
+
+@tf.RegisterGradient("DdlAllgather")
+def _allgather_grad(op, grad):
+    # d(sum of every rank's loss)/d(my rows) = the sum over ranks of the
+    # gradient rows that came from this rank.
+    x = op.inputs[0]
+    summed = op_library().ddl_allreduce(grad, _name_input(None, "allgather.grad"),
+                                        reduce_op=int(Sum))
+    if x.shape.rank == 0:
+        return [summed[basics.rank()], None]
+    rows = op_library().ddl_allgather(tf.shape(x, out_type=tf.int64)[:1],
+                                      _name_input(None, "allgather.grad.rows"))
+    offset = tf.reduce_sum(rows[:basics.rank()])
+    return [tf.slice(summed, tf.concat([[offset], tf.zeros([tf.rank(x) - 1], tf.int64)], 0),
+                     tf.shape(x, out_type=tf.int64)), None]
+
+
+@tf.RegisterGradient("DdlBroadcast")
+def _broadcast_grad(op, grad):
+    root = op.get_attr("root_rank")
+    summed = op_library().ddl_allreduce(grad, _name_input(None, "broadcast.grad"),
+                                        reduce_op=int(Sum))
+    return [summed if basics.rank() == root else tf.zeros_like(summed), None]
+
+
+@tf.RegisterGradient("DdlReducescatter")
+def _reducescatter_grad(op, grad):
+    reduce_op = ReduceOp(op.get_attr("reduce_op"))
+    if reduce_op not in (Sum, Average):
+        raise LookupError(f"keras_ddl: reducescatter with op={reduce_op.name} has no gradient")
+    gathered = op_library().ddl_allgather(grad, _name_input(None, "reducescatter.grad"))
+    if reduce_op == Average:
+        gathered = gathered / tf.cast(basics.size(), gathered.dtype)
+    return [gathered, None]
