@@ -290,7 +290,13 @@ def _broadcast_grad(op, grad):
     root = op.get_attr("root_rank")
     summed = op_library().ddl_allreduce(grad, _name_input(None, "broadcast.grad"),
                                         reduce_op=int(Sum))
-    return [summed if basics.rank() == root else tf.zeros_like(summed), None]
+    if basics.rank() == root:
+        return [summed, None]
+    # Non-roots discard the sum but must still take part in it. The zeros are
+    # computed from it (multiply_no_nan gives 0 even for inf/nan) so no graph
+    # optimiser can prune the collective here while the root waits for it;
+    # a control dependency alone does not survive constant folding.
+    return [tf.math.multiply_no_nan(summed, tf.zeros_like(summed)), None]
 
 
 @tf.RegisterGradient("DdlReducescatter")

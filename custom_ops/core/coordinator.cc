@@ -58,6 +58,10 @@ std::string Coordinator::Missing(const Offers& offers) const {
 }
 
 void Coordinator::CheckStalls(Clock::time_point now) {
+  // Scanning the table every cycle would cost O(pending) per millisecond;
+  // a tenth of a second is fine-grained enough for second-scale limits.
+  if (now - last_stall_check_ < std::chrono::milliseconds(100)) return;
+  last_stall_check_ = now;
   std::ostringstream warning, fatal;
   int stalled = 0, timed_out = 0;
   for (auto& [name, offers] : table_) {
@@ -91,8 +95,7 @@ void Coordinator::CheckStalls(Clock::time_point now) {
   }
 }
 
-ResponseList Coordinator::Respond(Clock::time_point now) {
-  CheckStalls(now);
+ResponseList Coordinator::Respond() {
   ResponseList out;
   out.evictions = std::move(evictions_);
   evictions_.clear();

@@ -31,14 +31,18 @@ class Coordinator {
   void TrackPartialSlots(const std::vector<int>& partial_slots, const ResponseCache& cache,
                          Clock::time_point now);
 
+  // Called every cycle: warns on stderr about names some ranks have offered
+  // and others not for DDL_STALL_WARNING_S, and past DDL_STALL_TIMEOUT_S
+  // prepares a fatal verdict naming them and the missing ranks.
+  void CheckStalls(Clock::time_point now);
+
   // True when the next cycle must run the full exchange even if no rank
   // has new requests (evictions or a stall verdict are waiting to be sent).
   bool HasPendingVerdict() const { return !evictions_.empty() || timed_out_; }
 
-  // Names complete on every rank (in completion order), mismatches, and
-  // evictions; warns on stderr about stalled names, and after the stall
-  // timeout returns a fatal message naming them and the missing ranks.
-  ResponseList Respond(Clock::time_point now);
+  // Names complete on every rank (in completion order), mismatches,
+  // evictions, and the stall verdict if there is one.
+  ResponseList Respond();
 
  private:
   struct Offers {
@@ -47,8 +51,8 @@ class Coordinator {
     Clock::time_point first_seen;
     bool warned = false;
   };
+  Clock::time_point last_stall_check_;
   std::string Missing(const Offers& offers) const;
-  void CheckStalls(Clock::time_point now);
 
   int size_;
   Config config_;

@@ -143,7 +143,10 @@ bool Engine::RunCycle() {
   words[0] = ~uint64_t(0);
   if (!unsent_.empty()) words[0] &= ~kFlagHasRequests;
   if (shutdown_requested_) words[0] &= ~kFlagShutdown;
-  if (coordinator_ && coordinator_->HasPendingVerdict()) words[0] &= ~kFlagCoordinator;
+  if (coordinator_) {
+    coordinator_->CheckStalls(std::chrono::steady_clock::now());
+    if (coordinator_->HasPendingVerdict()) words[0] &= ~kFlagCoordinator;
+  }
   for (int i = 0; i < slot_words; ++i) words[1 + slot_words + i] = ~uint64_t(0);
   for (const auto& [name, p] : pending_) {
     if (!p.cached) continue;
@@ -175,7 +178,7 @@ bool Engine::RunCycle() {
     if (coordinator_) {
       const auto now = std::chrono::steady_clock::now();
       for (const auto& bytes : gathered) coordinator_->Add(DecodeRequests(bytes), cache_, now);
-      encoded = EncodeResponses(coordinator_->Respond(now));
+      encoded = EncodeResponses(coordinator_->Respond());
     }
     ctx_->world->BroadcastBytes(encoded, 0);
     responses = DecodeResponses(encoded);

@@ -1,0 +1,1 @@
+"""Benchmarks that print tables (see BENCHMARKS.md): ``python -m keras_ddl.bench``."""

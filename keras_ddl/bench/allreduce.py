@@ -1,0 +1,150 @@
+"""Allreduce throughput of keras_ddl's TensorFlow op against mpi4py.
+
+Two tables (BENCHMARKS.md):
+1. one float32 tensor per size, 4 KB ... 256 MB: ``ddl.allreduce`` (eager,
+   through the op) interleaved with ``comm.Allreduce`` on numpy buffers of
+   the same bytes, in the same processes;
+2. the ResNet-50 gradient list (Keras 3 ``ResNet50`` trainable weights) as
+   one ``grouped_allreduce`` vs separate mpi4py calls and one packed call.
+
+``wrong`` counts elements that differ from the exact sum (inputs are small
+integers, so every order of additions gives the exact result).
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from .common import COMM, dump_json, human_bytes, print_table, timed
+
+DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20,
+                 64 << 20, 256 << 20]
+COLUMNS = ["size", "count", "type", "redop", "time_us", "algbw_GBps", "busbw_GBps",
+           "baseline_us", "speedup", "wrong"]
+
+
+def _inputs(count, rank):
+    return (np.arange(count, dtype=np.int64) % 7 + rank).astype(np.float32)
+
+
+def _expected(count, size):
+    base = (np.arange(count, dtype=np.int64) % 7) * size + size * (size - 1) // 2
+    return base.astype(np.float32)
+
+
+def sweep(sizes, reps):
+    import tensorflow as tf
+
+    import keras_ddl as ddl
+    n, rank = COMM.Get_size(), COMM.Get_rank()
+    rows = []
+    for nbytes in sizes:
+        count = nbytes // 4
+        x_np = _inputs(count, rank)
+        x_tf = tf.constant(x_np)
+        recv = np.empty_like(x_np)
+        result = {}
+
+        def ours():
+            result["out"] = ddl.allreduce(x_tf, op=ddl.Sum, name=f"bench.{nbytes}")
+
+        def baseline():
+            COMM.Allreduce(x_np, recv, op=MPI.SUM)
+
+        reps_here = reps if nbytes < (64 << 20) else max(3, reps // 2)
+        t_ours, t_base = [], []
+        for _ in range(reps_here):  # interleaved so both see the same machine state
+            t_ours.append(timed(ours, 1, warmup=1))
+            t_base.append(timed(baseline, 1, warmup=1))
+        t = float(np.median(t_ours))
+        tb = float(np.median(t_base))
+        wrong = int(np.count_nonzero(result["out"].numpy() != _expected(count, n)))
+        wrong = COMM.allreduce(wrong, op=MPI.SUM)
+        algbw = nbytes / t / 1e9
+        rows.append({"size": human_bytes(nbytes), "count": count, "type": "float32",
+                     "redop": "sum", "time_us": t * 1e6, "algbw_GBps": algbw,
+                     "busbw_GBps": algbw * 2 * (n - 1) / n, "baseline_us": tb * 1e6,
+                     "speedup": tb / t, "wrong": wrong})
+    return rows
+
+
+def resnet50_shapes():
+    import keras
+    model = keras.applications.ResNet50(weights=None)
+    return [tuple(int(d) for d in w.shape) for w in model.trainable_weights]
+
+
+def gradient_list(reps):
+    import tensorflow as tf
+
+    import keras_ddl as ddl
+    n, rank = COMM.Get_size(), COMM.Get_rank()
+    shapes = resnet50_shapes()
+    arrays = [_inputs(int(np.prod(s)), rank).reshape(s) for s in shapes]
+    tensors = [tf.constant(a) for a in arrays]
+    recvs = [np.empty_like(a) for a in arrays]
+    packed = np.concatenate([a.ravel() for a in arrays])
+    packed_recv = np.empty_like(packed)
+    total = packed.nbytes
+    result = {}
+
+    @tf.function
+    def grouped_fn(ts):
+        return ddl.grouped_allreduce(ts, op=ddl.Sum, name="bench.resnet50")
+
+    @tf.function
+    def per_tensor_fn(ts):
+        return [ddl.allreduce(t, op=ddl.Sum, name=f"bench.resnet50.{i}") for i, t in enumerate(ts)]
+
+    def grouped():
+        result["out"] = grouped_fn(tensors)
+
+    def per_tensor():
+        per_tensor_fn(tensors)
+
+    def separate():
+        for a, r in zip(arrays, recvs):
+            COMM.Allreduce(a, r, op=MPI.SUM)
+
+    def one_packed():
+        COMM.Allreduce(packed, packed_recv, op=MPI.SUM)
+
+    times = {k: [] for k in ("grouped", "per_tensor", "separate", "packed")}
+    for _ in range(reps):
+        times["grouped"].append(timed(grouped, 1, warmup=1))
+        times["per_tensor"].append(timed(per_tensor, 1, warmup=1))
+        times["separate"].append(timed(separate, 1, warmup=1))
+        times["packed"].append(timed(one_packed, 1, warmup=1))
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    wrong = sum(int(np.count_nonzero(o.numpy().ravel() != _expected(a.size, n)))
+                for o, a in zip(result["out"], arrays))
+    wrong = COMM.allreduce(wrong, op=MPI.SUM)
+    base = med["separate"]
+    label = f"{len(shapes)} tensors, {human_bytes(total)}"
+    rows = [
+        {"method": "ddl.grouped_allreduce (tf.function)", "tensors": label,
+         "time_us": med["grouped"] * 1e6, "vs_separate": base / med["grouped"], "wrong": wrong},
+        {"method": "ddl.allreduce per tensor (tf.function)", "tensors": label,
+         "time_us": med["per_tensor"] * 1e6, "vs_separate": base / med["per_tensor"], "wrong": "-"},
+        {"method": "mpi4py Allreduce per tensor", "tensors": label,
+         "time_us": base * 1e6, "vs_separate": 1.0, "wrong": "-"},
+        {"method": "mpi4py Allreduce, one packed buffer", "tensors": label,
+         "time_us": med["packed"] * 1e6, "vs_separate": base / med["packed"], "wrong": "-"},
+    ]
+    return rows
+
+
+def main(args):
+    import keras_ddl as ddl
+    ddl.init()
+    n = COMM.Get_size()
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    rows = sweep(sizes, args.reps)
+    print_table(f"allreduce: keras_ddl op vs mpi4py comm.Allreduce, {n} ranks, "
+                f"median of {args.reps} interleaved repetitions", COLUMNS, rows)
+    payload = {"ranks": n, "allreduce": rows}
+    if not args.skip_resnet:
+        grad_rows = gradient_list(max(3, args.reps // 2))
+        print_table("ResNet-50 gradient list (Keras 3 ResNet50 trainable weights), float32 sum",
+                    ["method", "tensors", "time_us", "vs_separate", "wrong"], grad_rows)
+        payload["resnet50_gradients"] = grad_rows
+    dump_json(args.json, payload)

@@ -1,0 +1,99 @@
+"""Shared fixtures: launching scripts under mpiexec and reading their cases."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+MPI_DIR = os.path.join(TESTS_DIR, "mpi")
+
+
+def mpiexec_path():
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    path = beside if os.path.exists(beside) else shutil.which("mpiexec")
+    if path is None:
+        pytest.fail("mpiexec not found: install the mpich wheel (pip install -r requirements.txt)")
+    return path
+
+
+def test_env(extra=None):
+    env = dict(os.environ)
+    env.update({
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONUNBUFFERED": "1",
+        # A desynchronised test must end in an error, never hang the suite.
+        "DDL_STALL_TIMEOUT_S": env.get("DDL_STALL_TIMEOUT_S", "60"),
+        "OMP_NUM_THREADS": "1",
+        "TF_NUM_INTRAOP_THREADS": "1",
+        "TF_NUM_INTEROP_THREADS": "2",
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_mpi(nprocs, script, args=(), env=None, timeout=300):
+    """Runs ``python script args`` on nprocs ranks; returns CompletedProcess."""
+    argv = [mpiexec_path(), "-n", str(nprocs), sys.executable, script, *args]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=test_env(env), cwd=TESTS_DIR)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n"
+                    f"stdout:\n{(e.stdout or b'')[-4000:]}\nstderr:\n{(e.stderr or b'')[-4000:]}")
+
+
+def parse_cases(proc):
+    """{case: {rank: result}} from the DDLCASE lines of a launch."""
+    results = {}
+    decoder = json.JSONDecoder()
+    text = proc.stdout
+    start = text.find("DDLCASE ")
+    while start >= 0:
+        # Lines of different ranks can interleave; each record is parsed
+        # from its marker to the end of its JSON object.
+        try:
+            r, end = decoder.raw_decode(text, start + len("DDLCASE "))
+            results.setdefault(r["case"], {})[r["rank"]] = r
+        except json.JSONDecodeError:
+            end = start + 1
+        start = text.find("DDLCASE ", end)
+    return results
+
+
+class CaseRun:
+    """One launch of a case script; tests look their case up in it."""
+
+    def __init__(self, nprocs, script, env=None, timeout=400):
+        self.nprocs = nprocs
+        self.proc = run_mpi(nprocs, os.path.join(MPI_DIR, script), env=env, timeout=timeout)
+        self.results = parse_cases(self.proc)
+
+    def check(self, name):
+        per_rank = self.results.get(name)
+        if per_rank is None:
+            pytest.fail(f"case {name} reported nothing (launch exit {self.proc.returncode})\n"
+                        f"stdout tail:\n{self.proc.stdout[-3000:]}\n"
+                        f"stderr tail:\n{self.proc.stderr[-3000:]}")
+        missing = sorted(set(range(self.nprocs)) - set(per_rank))
+        assert not missing, f"case {name}: no report from ranks {missing}"
+        failures = [f"rank {r}:\n{res['detail']}" for r, res in sorted(per_rank.items())
+                    if not res["ok"]]
+        assert not failures, f"case {name} failed on {len(failures)} rank(s):\n" + \
+            "\n".join(failures)
+
+
+def case_names(script):
+    """Names of the @case functions in a script, read without importing it."""
+    names, pending = [], False
+    with open(os.path.join(MPI_DIR, script)) as f:
+        for line in f:
+            if line.startswith("@case"):
+                pending = True
+            elif pending and line.startswith("def "):
+                names.append(line[4:line.index("(")])
+                pending = False
+    return names

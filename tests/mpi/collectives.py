@@ -1,0 +1,344 @@
+"""Multi-process checks of every collective against numpy (run by
+tests/test_collectives_mpi.py under mpiexec with 2 and 3 ranks)."""
+
+import hashlib
+
+import numpy as np
+import tensorflow as tf
+from harness import case, run_cases
+from mpi4py import MPI
+
+import keras_ddl as ddl
+
+DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.uint8, tf.int8]
+LENGTHS = [1, 7, 1000003]
+rank = ddl.rank()
+size = ddl.size()
+
+
+def np_dtype(dtype):
+    return dtype.as_numpy_dtype
+
+
+def values(r, shape, dtype, low=0, high=4, seed=0):
+    """Rank r's integer-valued input: sums of these are exact in every dtype."""
+    rng = np.random.default_rng(1000 * seed + r)
+    return rng.integers(low, high, size=shape).astype(np_dtype(dtype))
+
+
+def everyone(shape, dtype, **kw):
+    return [values(r, shape, dtype, **kw) for r in range(size)]
+
+
+def assert_exact(got, expected, what):
+    got = np.asarray(got)
+    expected = np.asarray(expected)
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype} != {expected.dtype}"
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    wrong = np.count_nonzero(got.reshape(-1).view(np.uint8) != expected.reshape(-1).view(np.uint8))
+    assert wrong == 0, f"{what}: {wrong} bytes differ; got {got.ravel()[:8]} expected {expected.ravel()[:8]}"
+
+
+def reference(inputs, op, dtype):
+    """numpy's exact answer, accumulated in float64 / int64 then cast once."""
+    wide = [x.astype(np.float64 if dtype.is_floating else np.int64) for x in inputs]
+    if op == ddl.Sum or op == ddl.Average:
+        out = np.sum(wide, axis=0)
+    elif op == ddl.Min:
+        out = np.min(wide, axis=0)
+    elif op == ddl.Max:
+        out = np.max(wide, axis=0)
+    else:
+        out = np.prod(wide, axis=0)
+    out = out.astype(np_dtype(dtype))
+    if op == ddl.Average:
+        # the core divides the (exact) sum once, in float32 for 16-bit floats
+        wide_dtype = np.float32 if dtype.size == 2 else np_dtype(dtype)
+        out = (out.astype(wide_dtype) / wide_dtype(size)).astype(np_dtype(dtype))
+    return out
+
+
+def same_on_all_ranks(array, what):
+    digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    digests = MPI.COMM_WORLD.allgather(digest)
+    assert len(set(digests)) == 1, f"{what}: results differ between ranks: {digests}"
+
+
+@case
+def allreduce_every_dtype_op_and_length():
+    for dtype in DTYPES:
+        for op in (ddl.Sum, ddl.Average, ddl.Min, ddl.Max, ddl.Product):
+            if op == ddl.Average and not dtype.is_floating:
+                continue
+            for n in LENGTHS:
+                high = 3 if op == ddl.Product else 4  # products stay exact in int8/fp16
+                inputs = everyone([n], dtype, high=high, low=1 if op == ddl.Product else 0)
+                got = ddl.allreduce(tf.constant(inputs[rank]), op=op).numpy()
+                assert_exact(got, reference(inputs, op, dtype), f"{dtype.name} {op.name} n={n}")
+
+
+@case
+def allreduce_scalars_empty_and_shapes():
+    for dtype in (tf.float32, tf.int32, tf.bfloat16):
+        for shape in ([], [0], [0, 3], [3, 0, 2], [2, 3, 5]):
+            inputs = everyone(shape, dtype, seed=1)
+            got = ddl.allreduce(tf.constant(inputs[rank]), op=ddl.Sum).numpy()
+            assert_exact(got, reference(inputs, ddl.Sum, dtype), f"{dtype.name} shape {shape}")
+
+
+@case
+def allreduce_is_bitwise_identical_on_every_rank():
+    # Random non-integer floats: the sum depends on the order of additions,
+    # so only an algorithm that reduces each element in one place agrees.
+    rng = np.random.default_rng(rank + 7)
+    for dtype in (np.float32, np.float16, np.float64):
+        for n in (5, 4099, 1000003):
+            x = (rng.standard_normal(n) * 1000).astype(dtype)
+            got = ddl.allreduce(tf.constant(x), op=ddl.Average).numpy()
+            same_on_all_ranks(got, f"{np.dtype(dtype).name} n={n}")
+            wide = MPI.COMM_WORLD.allgather(x.astype(np.float64))
+            np.testing.assert_allclose(got.astype(np.float64), np.mean(wide, axis=0),
+                                       rtol=2e-2 if dtype == np.float16 else 1e-5, atol=1.0)
+
+
+@case
+def grouped_allreduce_200_tensors_mixed():
+    specs = []
+    for i in range(200):
+        dtype = [tf.float32, tf.float16, tf.int32, tf.float64][i % 4]
+        shape = [[], [1], [7], [3, 5], [0], [11, 2]][i % 6]
+        specs.append((dtype, shape))
+    inputs = [everyone(shape, dtype, seed=10 + i) for i, (dtype, shape) in enumerate(specs)]
+    outs = ddl.grouped_allreduce([tf.constant(x[rank]) for x in inputs], op=ddl.Sum)
+    assert len(outs) == 200
+    for i, ((dtype, shape), out) in enumerate(zip(specs, outs)):
+        assert_exact(out.numpy(), reference(inputs[i], ddl.Sum, dtype), f"tensor {i}")
+    averaged = ddl.grouped_allreduce([tf.constant(x[rank]) for x in inputs if x[0].dtype.kind == "f"],
+                                     op=ddl.Average)
+    float_inputs = [(d, x) for (d, _), x in zip(specs, inputs) if x[0].dtype.kind == "f"]
+    for (dtype, x), out in zip(float_inputs, averaged):
+        assert_exact(out.numpy(), reference(x, ddl.Average, dtype), f"average {dtype.name}")
+
+
+@case
+def grouped_allreduce_in_tf_function_many_calls():
+    @tf.function
+    def step(tensors):
+        return ddl.grouped_allreduce(tensors, op=ddl.Sum)
+    for it in range(5):  # later calls go through the response cache
+        inputs = [everyone([17], tf.float32, seed=100 * it + j) for j in range(30)]
+        outs = step([tf.constant(x[rank]) for x in inputs])
+        for x, out in zip(inputs, outs):
+            assert_exact(out.numpy(), reference(x, ddl.Sum, tf.float32), f"iteration {it}")
+
+
+@case
+def out_of_order_submission_in_tf_function():
+    # Each rank builds its collectives in a different (rank-dependent) order,
+    # and the first collective of rank 0 waits on a slow input on the other
+    # ranks, so ranks really offer the names in different orders.
+    n = 12
+    order = list(range(n))
+    np.random.default_rng(rank).shuffle(order)
+
+    @tf.function
+    def step(xs):
+        outs = [None] * n
+        for i in order:
+            x = xs[i]
+            if rank != 0 and i == 0:
+                m = tf.ones([300, 300])
+                for _ in range(20):
+                    m = tf.matmul(m, m) / 300.0
+                x = x + tf.reduce_sum(m) * 0.0
+            outs[i] = ddl.allreduce(x, op=ddl.Sum, name=f"ooo.{i}")
+        return outs
+
+    inputs = [everyone([5], tf.float32, seed=200 + i) for i in range(n)]
+    for _ in range(2):
+        outs = step([tf.constant(x[rank]) for x in inputs])
+        for i in range(n):
+            assert_exact(outs[i].numpy(), reference(inputs[i], ddl.Sum, tf.float32), f"tensor {i}")
+
+
+@case
+def allgather_every_dtype_uneven_first_dim():
+    for dtype in DTYPES:
+        rows = [(r * 3 + 1) % 4 for r in range(size)]  # includes a rank with 0 rows at n=3
+        inputs = [values(r, [rows[r], 3], dtype, seed=3) for r in range(size)]
+        got = ddl.allgather(tf.constant(inputs[rank])).numpy()
+        assert_exact(got, np.concatenate(inputs, axis=0), f"allgather {dtype.name}")
+    big = [values(r, [1000003 if r == 0 else 7], tf.float32, seed=4) for r in range(size)]
+    assert_exact(ddl.allgather(tf.constant(big[rank])).numpy(), np.concatenate(big), "allgather big")
+    scalar = ddl.allgather(tf.constant(float(rank))).numpy()
+    assert_exact(scalar, np.arange(size, dtype=np.float32), "allgather scalar")
+
+
+@case
+def allgather_mismatched_trailing_dims_is_an_error():
+    try:
+        ddl.allgather(tf.zeros([2, 3 + rank]), name="gather.bad")
+    except tf.errors.InvalidArgumentError as e:
+        msg = str(e)
+        assert "gather.bad" in msg and "shape" in msg and f"rank {rank}" in msg, msg
+    else:
+        raise AssertionError("mismatched allgather did not raise")
+
+
+@case
+def broadcast_every_dtype_and_root():
+    for root in range(size):
+        for dtype in DTYPES:
+            for shape in ([], [7], [1000003]):
+                inputs = everyone(shape, dtype, seed=5 + root)
+                got = ddl.broadcast(tf.constant(inputs[rank]), root_rank=root).numpy()
+                assert_exact(got, inputs[root], f"broadcast {dtype.name} root {root} {shape}")
+
+
+@case
+def broadcast_variables_packs_by_dtype():
+    import keras
+    variables = [keras.Variable(np.full([3, 2], rank, np.float32)),
+                 keras.Variable(np.full([5], rank, np.int32)),
+                 keras.Variable(np.float32(rank) * 2)]
+    ddl.broadcast_variables(variables, root_rank=size - 1)
+    assert_exact(variables[0].numpy(), np.full([3, 2], size - 1, np.float32), "float matrix")
+    assert_exact(variables[1].numpy(), np.full([5], size - 1, np.int32), "int vector")
+    assert_exact(variables[2].numpy(), np.float32(2 * (size - 1)), "scalar")
+
+
+@case
+def reducescatter_uneven_rows():
+    for dtype in DTYPES:
+        for op in (ddl.Sum, ddl.Average, ddl.Max):
+            if op == ddl.Average and not dtype.is_floating:
+                continue
+            for rows in (1, 7, 2 * size):
+                inputs = everyone([rows, 3], dtype, seed=6)
+                full = reference(inputs, op, dtype)
+                counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+                start = sum(counts[:rank])
+                got = ddl.reducescatter(tf.constant(inputs[rank]), op=op).numpy()
+                assert_exact(got, full[start:start + counts[rank]],
+                             f"reducescatter {dtype.name} {op.name} rows={rows}")
+
+
+@case
+def barrier_waits_for_every_rank():
+    import time
+    if rank == size - 1:
+        time.sleep(0.5)
+    start = time.time()
+    ddl.barrier()
+    arrived = MPI.COMM_WORLD.allgather(time.time())
+    if rank != size - 1:
+        assert time.time() - start > 0.3, "barrier returned before the last rank arrived"
+    assert max(arrived) - min(arrived) < 0.3, arrived
+
+
+@case
+def mismatched_shape_dtype_op_error_on_every_rank():
+    attempts = {
+        "shape": lambda: ddl.allreduce(tf.ones([2 + (rank % 2)]), op=ddl.Sum, name="mm.shape"),
+        "dtype": lambda: ddl.allreduce(tf.ones([2], tf.float32 if rank == 0 else tf.float64),
+                                       op=ddl.Sum, name="mm.dtype"),
+        "reduction op": lambda: ddl.allreduce(tf.ones([2]), op=ddl.Sum if rank == 0 else ddl.Max,
+                                              name="mm.op"),
+        "root_rank": lambda: ddl.broadcast(tf.ones([2]), root_rank=0 if rank == 0 else 1,
+                                           name="mm.root"),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+        except tf.errors.InvalidArgumentError as e:
+            msg = str(e)
+            assert what in msg, f"{what} not named in: {msg}"
+            assert "'mm." in msg and f"(rank {rank})" in msg and "rank 0" in msg, msg
+        else:
+            raise AssertionError(f"mismatched {what} did not raise")
+    # The engine is still usable afterwards, including the same names.
+    got = ddl.allreduce(tf.ones([2]), op=ddl.Sum, name="mm.shape").numpy()
+    assert_exact(got, np.full([2], size, np.float32), "after mismatch")
+
+
+@case
+def changed_shape_under_a_cached_name_renegotiates():
+    for n in (3, 3, 5, 5, 3):
+        got = ddl.allreduce(tf.ones([n]), op=ddl.Sum, name="cache.reshape").numpy()
+        assert_exact(got, np.full([n], size, np.float32), f"length {n}")
+
+
+@case
+def rejected_inputs_name_the_argument():
+    checks = [
+        (lambda: ddl.allreduce(tf.ones([2], tf.int32), op=ddl.Average), ValueError, "Average"),
+        (lambda: ddl.allreduce(tf.constant([1 + 2j])), TypeError, "complex"),
+        (lambda: ddl.allreduce(tf.constant([True])), TypeError, "bool"),
+        (lambda: ddl.allreduce(object()), TypeError, "tensor"),
+        (lambda: ddl.broadcast(tf.ones([1]), root_rank=size), ValueError, "root_rank"),
+        (lambda: ddl.reducescatter(tf.constant(1.0)), ValueError, "scalar"),
+        (lambda: ddl.grouped_allreduce([tf.ones([1]), "x"]), TypeError, "tensors[1]"),
+    ]
+    for fn, error, word in checks:
+        try:
+            fn()
+        except error as e:
+            assert word in str(e), f"{word!r} not in {e}"
+        else:
+            raise AssertionError(f"expected {error.__name__} mentioning {word}")
+
+
+def _grad_checks(run):
+    w = float(rank + 1)
+    weights = [float(r + 1) for r in range(size)]
+    x = tf.constant([1.0, 2.0, 3.0])
+    # allreduce Average: d/dx of sum(w_r * mean_s x_s) summed over ranks = mean of w
+    g = run(lambda t: tf.reduce_sum(ddl.allreduce(t, op=ddl.Average) * w), x)
+    np.testing.assert_allclose(g, np.full(3, np.mean(weights)), rtol=1e-6)
+    g = run(lambda t: tf.reduce_sum(ddl.allreduce(t, op=ddl.Sum) * w), x)
+    np.testing.assert_allclose(g, np.full(3, np.sum(weights)), rtol=1e-6)
+    # allgather: my rows receive the sum over ranks of their gradient rows
+    rows = tf.ones([rank + 1, 2])
+    g = run(lambda t: tf.reduce_sum(ddl.allgather(t) * w), rows)
+    np.testing.assert_allclose(g, np.full([rank + 1, 2], np.sum(weights)), rtol=1e-6)
+    # broadcast from the last rank: only the root gets the summed gradient
+    g = run(lambda t: tf.reduce_sum(ddl.broadcast(t, root_rank=size - 1) * w), x)
+    expected = np.sum(weights) if rank == size - 1 else 0.0
+    np.testing.assert_allclose(g, np.full(3, expected), rtol=1e-6)
+
+
+@case
+def gradients_eager_tape():
+    def run(fn, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = fn(x)
+        return tape.gradient(loss, x).numpy()
+    _grad_checks(run)
+
+
+@case
+def gradients_in_tf_function():
+    def run(fn, x):
+        @tf.function
+        def grad(v):
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                loss = fn(v)
+            return tape.gradient(loss, v)
+        return grad(x).numpy()
+    _grad_checks(run)
+
+
+@case
+def compression_fp16_and_bf16():
+    inputs = everyone([1001], tf.float32, seed=8)
+    expected = reference(inputs, ddl.Sum, tf.float32)
+    for compression in (ddl.Compression.fp16, ddl.Compression.bf16, ddl.Compression.none):
+        got = ddl.allreduce(tf.constant(inputs[rank]), op=ddl.Sum, compression=compression)
+        assert got.dtype == tf.float32, compression
+        assert_exact(got.numpy(), expected, repr(compression))
+
+
+if __name__ == "__main__":
+    run_cases()
