@@ -8,7 +8,7 @@ Launch with ``mpiexec -n N python train.py`` (or ``ddlrun``); a script run
 without a launcher is a world of size 1.
 """
 
-from .basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
+from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                      rank, shutdown, size)
 from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum, allgather, allreduce,
                   barrier, broadcast, broadcast_variables, grouped_allreduce, reducescatter)

@@ -144,6 +144,12 @@ def cross_size():
     return _query("ddl_cross_size")
 
 
+def allreduce_algorithm():
+    """How allreduce runs here: "flat" (ring over MPI), "shared_memory" (one
+    node), or "hierarchical" (shared memory in each node, MPI across)."""
+    return ("flat", "shared_memory", "hierarchical")[_query("ddl_allreduce_algorithm")]
+
+
 def core_library():
     """The loaded core (ctypes), for tests and tools."""
     return _load_core()

@@ -67,9 +67,10 @@ def parse_cases(proc):
 class CaseRun:
     """One launch of a case script; tests look their case up in it."""
 
-    def __init__(self, nprocs, script, env=None, timeout=400):
+    def __init__(self, nprocs, script, env=None, timeout=400, cases=()):
         self.nprocs = nprocs
-        self.proc = run_mpi(nprocs, os.path.join(MPI_DIR, script), env=env, timeout=timeout)
+        self.proc = run_mpi(nprocs, os.path.join(MPI_DIR, script), args=cases, env=env,
+                            timeout=timeout)
         self.results = parse_cases(self.proc)
 
     def check(self, name):

@@ -27,3 +27,29 @@ def test_case(nprocs, name):
 def test_launch_exits_cleanly(nprocs):
     run = launch(nprocs)
     assert run.proc.returncode == 0, run.proc.stderr[-4000:]
+
+
+# The allreduce cases again under each algorithm choice and topology:
+# flat ring over MPI, hierarchical over 2 virtual nodes of 2 ranks, one rank
+# per virtual node (auto falls back to flat), and 3 ranks as one node.
+ALLREDUCE_CASES = [
+    "topology_and_algorithm_follow_the_environment", "allreduce_every_dtype_op_and_length", "allreduce_scalars_empty_and_shapes",
+    "allreduce_is_bitwise_identical_on_every_rank", "grouped_allreduce_200_tensors_mixed",
+    "out_of_order_submission_in_tf_function", "compression_fp16_and_bf16"]
+TOPOLOGIES = {
+    "flat-3": (3, {"DDL_ALLREDUCE": "flat"}),
+    "hierarchical-4x2": (4, {"DDL_LOCAL_SIZE": "2", "DDL_ALLREDUCE": "hierarchical"}),
+    "auto-4x2": (4, {"DDL_LOCAL_SIZE": "2"}),
+    "auto-3x1": (3, {"DDL_LOCAL_SIZE": "1"}),
+    "hierarchical-3x3": (3, {"DDL_ALLREDUCE": "hierarchical"}),
+}
+_topology_runs = {}
+
+
+@pytest.mark.parametrize("topology", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", ALLREDUCE_CASES)
+def test_allreduce_algorithms(topology, name):
+    if topology not in _topology_runs:
+        nprocs, env = TOPOLOGIES[topology]
+        _topology_runs[topology] = CaseRun(nprocs, SCRIPT, env=env, cases=ALLREDUCE_CASES)
+    _topology_runs[topology].check(name)

@@ -34,6 +34,10 @@ int ddl_local_rank() { return Query([](const ddl::Context& c) { return c.local_r
 int ddl_local_size() { return Query([](const ddl::Context& c) { return c.local_size; }); }
 int ddl_cross_rank() { return Query([](const ddl::Context& c) { return c.cross_rank; }); }
 int ddl_cross_size() { return Query([](const ddl::Context& c) { return c.cross_size; }); }
+// 0 = flat ring over MPI, 1 = one node's shared memory, 2 = hierarchical.
+int ddl_allreduce_algorithm() {
+  return Query([](const ddl::Context& c) { return c.node_memory ? (c.hierarchical ? 2 : 1) : 0; });
+}
 int ddl_is_homogeneous() { return Query([](const ddl::Context& c) { return c.homogeneous ? 1 : 0; }); }
 
 // The MPI library this core was linked against, to check that mpi4py in

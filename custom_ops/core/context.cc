@@ -2,13 +2,93 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <string>
 
 namespace ddl {
 
 namespace {
 std::string OnRank(int rank) { return " (rank " + std::to_string(rank) + ")"; }
+
+// Staging slot per rank and pipeline depth of the shared-memory allreduce:
+// a chunk of 256 KB per rank keeps a 2-rank step inside one core's L2.
+constexpr size_t kNodeChunkBytes = 256 * 1024;
+constexpr int kNodeSlots = 4;
 }  // namespace
+
+Status Context::ChooseAllreduce() {
+  const AllreduceAlgorithm algo = config.allreduce;
+  bool use_node_memory = false;
+  if (algo == AllreduceAlgorithm::kHierarchical) {
+    if (!homogeneous) {
+      return Status::InvalidArgument(
+          "DDL_ALLREDUCE=hierarchical needs the same number of ranks on every node, but local "
+          "sizes differ; use DDL_ALLREDUCE=flat or auto" + OnRank(rank));
+    }
+    use_node_memory = true;
+  } else if (algo == AllreduceAlgorithm::kAuto) {
+    // One node with several ranks: shared memory. Several nodes with
+    // several ranks each: hierarchical. One rank per node or uneven nodes:
+    // the flat ring over MPI.
+    use_node_memory = local_size > 1 && homogeneous;
+  }
+  if (!use_node_memory) return Status::Ok();
+  // Ranks grouped by DDL_LOCAL_SIZE must really share memory.
+  MPI_Comm machine;
+  MPI_Comm_split_type(local->comm(), MPI_COMM_TYPE_SHARED, local_rank, MPI_INFO_NULL, &machine);
+  int machine_size = 0;
+  MPI_Comm_size(machine, &machine_size);
+  MPI_Comm_free(&machine);
+  if (machine_size != local_size) {
+    return Status::InvalidArgument(
+        "the ranks of a node (DDL_LOCAL_SIZE=" + std::to_string(local_size) +
+        ") do not all share memory on one machine; use a DDL_LOCAL_SIZE that divides the ranks "
+        "per machine, or DDL_ALLREDUCE=flat" + OnRank(rank));
+  }
+  // A name unique to this job (rank 0's pid and clock) and node (the world
+  // rank of its local rank 0).
+  std::vector<int64_t> token = world->AllgatherInt64(
+      rank == 0 ? static_cast<int64_t>(getpid()) * 1000003 +
+                      std::chrono::steady_clock::now().time_since_epoch().count() % 1000003
+                : 0);
+  std::vector<int64_t> node_id = local->AllgatherInt64(rank);
+  try {
+    node_memory = ShmArena::Create(*local, std::to_string(token[0]) + "." +
+                                               std::to_string(node_id[0]),
+                                   kNodeChunkBytes, kNodeSlots);
+  } catch (const TransportError& e) {
+    return Status::Internal(std::string(e.what()) + OnRank(rank));
+  }
+  hierarchical = cross_size > 1;
+  return Status::Ok();
+}
+
+// Every rank parses its environment, then all learn whether any rank failed,
+// so a bad value on one rank is an error everywhere instead of a hang in
+// the next collective. The lowest failing rank's message is reported.
+Status Context::AgreeOnConfig(Context* ctx) {
+  Status mine = Config::FromEnvironment(&ctx->config);
+  if (mine.ok() && ctx->config.local_size > 0 && ctx->size % ctx->config.local_size != 0) {
+    mine = Status::InvalidArgument(
+        "environment variable DDL_LOCAL_SIZE=" + std::to_string(ctx->config.local_size) +
+        " does not divide the world size " + std::to_string(ctx->size) +
+        "; virtual nodes must all have the same number of ranks");
+  }
+  int failed_rank = mine.ok() ? ctx->size : ctx->rank;
+  int first_failed = ctx->size;
+  MPI_Allreduce(&failed_rank, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first_failed == ctx->size) return Status::Ok();
+  std::vector<char> message(mine.message().begin(), mine.message().end());
+  int length = static_cast<int>(message.size());
+  MPI_Bcast(&length, 1, MPI_INT, first_failed, MPI_COMM_WORLD);
+  message.resize(length);
+  MPI_Bcast(message.data(), length, MPI_CHAR, first_failed, MPI_COMM_WORLD);
+  return Status::InvalidArgument(std::string(message.begin(), message.end()) + " (on rank " +
+                                 std::to_string(first_failed) + "; reported by rank " +
+                                 std::to_string(ctx->rank) + ")");
+}
 
 Status Context::Create(std::unique_ptr<Context>* out) {
   int initialized = 0, finalized = 0;
@@ -33,8 +113,8 @@ Status Context::Create(std::unique_ptr<Context>* out) {
         " but keras_ddl needs MPI_THREAD_MULTIPLE; initialise MPI through keras_ddl.init() "
         "or mpi4py's default thread level" + OnRank(ctx->rank));
   }
-  Status s = Config::FromEnvironment(&ctx->config);
-  if (!s.ok()) return Status::InvalidArgument(s.message() + OnRank(ctx->rank));
+  Status s = AgreeOnConfig(ctx.get());
+  if (!s.ok()) return s;
 
   // Every collective call of the background thread goes through its own
   // duplicate, so user traffic on MPI_COMM_WORLD can never match ours.
@@ -44,12 +124,6 @@ Status Context::Create(std::unique_ptr<Context>* out) {
 
   MPI_Comm local;
   if (ctx->config.local_size > 0) {
-    if (ctx->size % ctx->config.local_size != 0) {
-      return Status::InvalidArgument(
-          "environment variable DDL_LOCAL_SIZE=" + std::to_string(ctx->config.local_size) +
-          " does not divide the world size " + std::to_string(ctx->size) +
-          "; virtual nodes must all have the same number of ranks" + OnRank(ctx->rank));
-    }
     MPI_Comm_split(world, ctx->rank / ctx->config.local_size, ctx->rank, &local);
   } else {
     MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
@@ -66,6 +140,8 @@ Status Context::Create(std::unique_ptr<Context>* out) {
 
   std::vector<int64_t> local_sizes = ctx->world->AllgatherInt64(ctx->local_size);
   for (int64_t n : local_sizes) ctx->homogeneous &= (n == ctx->local_size);
+  s = ctx->ChooseAllreduce();
+  if (!s.ok()) return s;
   *out = std::move(ctx);
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "../transport/mpi_transport.h"
+#include "../transport/shm_arena.h"
 #include "config.h"
 #include "types.h"
 
@@ -22,11 +23,19 @@ struct Context {
   std::unique_ptr<MpiTransport> world;  // negotiation and flat algorithms
   std::unique_ptr<MpiTransport> local;  // ranks of this node
   std::unique_ptr<MpiTransport> cross;  // ranks with this local_rank on every node
+  // Shared memory of this node's ranks; null when allreduce runs flat.
+  std::unique_ptr<ShmArena> node_memory;
+  bool hierarchical = false;  // node_memory plus a cross-node step
 
   // Initialises MPI if nobody has (thread level MULTIPLE is required, as
   // Python may call MPI through mpi4py while the engine thread runs), reads
   // the configuration and splits the world into node and cross groups.
   static Status Create(std::unique_ptr<Context>* out);
+
+ private:
+  static Status AgreeOnConfig(Context* ctx);
+  // Applies DDL_ALLREDUCE to the topology; sets up node_memory if used.
+  Status ChooseAllreduce();
 };
 
 }  // namespace ddl

@@ -57,17 +57,28 @@ void Executor::Run(std::vector<Work>& ready) {
   }
 }
 
-void Executor::AllreduceBuffer(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
-  RingAllreduce(*ctx_.world, buffer, count, dtype, op);
+Executor::Executor(Context& ctx) : ctx_(ctx) {
+  if (ctx_.node_memory) {
+    node_allreduce_ = std::make_unique<NodeAllreduce>(
+        *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size);
+  }
 }
 
 void Executor::AllreduceBatch(std::vector<Work*>& batch) {
   const DataType dtype = batch[0]->dtype;
   const ReduceOp op = batch[0]->op;
+  if (node_allreduce_) {
+    // Reads inputs and writes outputs in place: no fusion-buffer copies.
+    std::vector<Span> spans;
+    for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
+    node_allreduce_->Run(spans, dtype, op);
+    for (Work* w : batch) Finish(*w, Status::Ok());
+    return;
+  }
   if (batch.size() == 1) {
     Work& w = *batch[0];
     CopyUnlessSame(w.output, w.input, Bytes(w));
-    AllreduceBuffer(w.output, NumElements(w.shape), dtype, op);
+    RingAllreduce(*ctx_.world, w.output, NumElements(w.shape), dtype, op);
     Finish(w, Status::Ok());
     return;
   }
@@ -79,8 +90,8 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
     CopyUnlessSame(fusion_buffer_.data() + offset, w->input, Bytes(*w));
     offset += Bytes(*w);
   }
-  AllreduceBuffer(fusion_buffer_.data(), static_cast<int64_t>(total / DataTypeSize(dtype)), dtype,
-                  op);
+  RingAllreduce(*ctx_.world, fusion_buffer_.data(),
+                static_cast<int64_t>(total / DataTypeSize(dtype)), dtype, op);
   offset = 0;
   for (Work* w : batch) {
     CopyUnlessSame(w->output, fusion_buffer_.data() + offset, Bytes(*w));

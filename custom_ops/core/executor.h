@@ -3,8 +3,10 @@
 // from the engine thread, identically ordered on every rank.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "../algorithms/node_allreduce.h"
 #include "context.h"
 #include "work.h"
 
@@ -12,7 +14,7 @@ namespace ddl {
 
 class Executor {
  public:
-  explicit Executor(Context& ctx) : ctx_(ctx) {}
+  explicit Executor(Context& ctx);
 
   // Runs `ready` (same order on every rank); fuses allreduces with the same
   // dtype and op up to the fusion threshold. Calls every done callback.
@@ -23,10 +25,10 @@ class Executor {
   Status Allgather(Work& work);
   Status Broadcast(Work& work);
   Status Reducescatter(Work& work);
-  void AllreduceBuffer(void* buffer, int64_t count, DataType dtype, ReduceOp op);
 
   Context& ctx_;
   std::vector<char> fusion_buffer_;
+  std::unique_ptr<NodeAllreduce> node_allreduce_;  // when the node shares memory
 };
 
 }  // namespace ddl

@@ -65,6 +65,20 @@ def same_on_all_ranks(array, what):
 
 
 @case
+def topology_and_algorithm_follow_the_environment():
+    import os
+    local = int(os.environ.get("DDL_LOCAL_SIZE", size))
+    assert (ddl.local_size(), ddl.local_rank()) == (local, rank % local)
+    assert (ddl.cross_size(), ddl.cross_rank()) == (size // local, rank // local)
+    algo = os.environ.get("DDL_ALLREDUCE", "auto")
+    if algo == "auto":
+        algo = "flat" if local == 1 else ("shared_memory" if local == size else "hierarchical")
+    elif algo == "hierarchical" and local == size:
+        algo = "shared_memory"  # one node: the cross-node step has nothing to do
+    assert ddl.allreduce_algorithm() == algo, (ddl.allreduce_algorithm(), algo)
+
+
+@case
 def allreduce_every_dtype_op_and_length():
     for dtype in DTYPES:
         for op in (ddl.Sum, ddl.Average, ddl.Min, ddl.Max, ddl.Product):

@@ -1,0 +1,50 @@
+// Allreduce through a node's shared memory, optionally hierarchical:
+// each chunk of the buffer is copied into the ranks' shared slots; rank i
+// reduces slice i of the chunk across all slots (intra-node reduce-scatter);
+// with a cross-node transport, rank i then allreduces its slice with the
+// ranks of the same local rank on other nodes; finally every rank copies
+// all reduced slices out (intra-node all-gather). Chunks go through a ring
+// of slots, so while one rank reduces or talks across nodes on chunk k, a
+// faster one is already copying in chunk k+1.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../core/types.h"
+#include "../transport/shm_arena.h"
+#include "../transport/transport.h"
+
+namespace ddl {
+
+// One tensor's part of a fused allreduce: `count` elements read from `in`
+// and written to `out` (which may equal `in`).
+struct Span {
+  const void* in;
+  void* out;
+  int64_t count;
+};
+
+struct NodeAllreduceStats {
+  uint64_t intra_node_bytes = 0;  // copied into and out of shared memory
+  uint64_t cross_node_bytes = 0;  // handed to the cross-node allreduce
+};
+
+class NodeAllreduce {
+ public:
+  // `cross` may be null (single node). `world_size` divides Average.
+  NodeAllreduce(ShmArena& arena, Transport* cross, int world_size)
+      : arena_(arena), cross_(cross), world_size_(world_size) {}
+
+  void Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
+  const NodeAllreduceStats& stats() const { return stats_; }
+
+ private:
+  ShmArena& arena_;
+  Transport* cross_;
+  int world_size_;
+  uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls
+  NodeAllreduceStats stats_;
+};
+
+}  // namespace ddl

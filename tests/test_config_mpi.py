@@ -1,0 +1,21 @@
+"""Invalid DDL_* environment values: a clear error on every rank, no hang."""
+
+import pytest
+from conftest import CaseRun
+
+_run = {}
+
+
+def launch():
+    if "run" not in _run:
+        _run["run"] = CaseRun(3, "bad_config.py", timeout=180)
+    return _run["run"]
+
+
+@pytest.mark.parametrize("name", [
+    "DDL_FUSION_THRESHOLD_MB=lots", "DDL_FUSION_THRESHOLD_MB=-1", "DDL_CYCLE_TIME_MS=0",
+    "DDL_CYCLE_TIME_MS=1ms", "DDL_ALLREDUCE=ring", "DDL_LOCAL_SIZE=2", "DDL_LOCAL_SIZE=1.5",
+    "DDL_STALL_WARNING_S=nan", "DDL_STALL_TIMEOUT_S=-5", "DDL_CACHE_CAPACITY=many",
+    "valid_after_fix"])
+def test_bad_value_fails_on_every_rank(name):
+    launch().check(name)
