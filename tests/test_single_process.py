@@ -1,0 +1,76 @@
+"""keras_ddl in this very process, with no launcher: a world of size 1."""
+
+import ctypes
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_ddl as ddl
+from keras_ddl import basics, ops
+
+
+def test_world_of_one_without_launcher():
+    ddl.init()
+    ddl.init()  # idempotent
+    assert ddl.is_initialized()
+    assert (ddl.rank(), ddl.size(), ddl.local_rank(), ddl.local_size(),
+            ddl.cross_rank(), ddl.cross_size()) == (0, 1, 0, 1, 0, 1)
+    assert ddl.allreduce_algorithm() == "flat"
+
+
+def test_collectives_are_identities_at_size_one():
+    x = tf.constant(np.arange(7, dtype=np.float32))
+    for op in (ddl.Sum, ddl.Average, ddl.Min, ddl.Max, ddl.Product):
+        np.testing.assert_array_equal(ddl.allreduce(x, op=op).numpy(), x.numpy())
+    np.testing.assert_array_equal(ddl.allgather(x).numpy(), x.numpy())
+    np.testing.assert_array_equal(ddl.broadcast(x, 0).numpy(), x.numpy())
+    np.testing.assert_array_equal(ddl.reducescatter(tf.reshape(x, [7, 1])).numpy(),
+                                  x.numpy().reshape(7, 1))
+    a, b = ddl.grouped_allreduce([x, tf.ones([2], tf.int64)], op=ddl.Sum)
+    assert b.dtype == tf.int64 and b.numpy().tolist() == [1, 1]
+    ddl.barrier()
+
+
+def test_shutdown_then_use_raises_then_reinit():
+    ddl.shutdown()
+    assert not ddl.is_initialized()
+    with pytest.raises(tf.errors.FailedPreconditionError, match="not initialized"):
+        ops.op_library().ddl_allreduce(tf.ones([1]), tf.constant("after.shutdown"), reduce_op=0)
+    ddl.init()
+    assert ddl.allreduce(tf.ones([2]), op=ddl.Sum).numpy().tolist() == [1.0, 1.0]
+
+
+def test_op_library_for_another_tensorflow_says_how_to_rebuild(monkeypatch):
+    monkeypatch.setattr(ops, "_lib", None)
+    monkeypatch.setattr(basics, "build_info", lambda: {"tensorflow": "2.15.0"})
+    with pytest.raises(ImportError) as info:
+        ops.op_library()
+    msg = str(info.value)
+    assert "built for TensorFlow 2.15.0" in msg and tf.__version__ in msg
+    assert "pip install --no-build-isolation" in msg
+
+
+def _bits(values, dtype):
+    return np.asarray(values, dtype=dtype).view(np.uint16)
+
+
+@pytest.mark.parametrize("dtype, to16, from16", [
+    (np.float16, "ddl_float_to_half", "ddl_half_to_float"),
+    (tf.bfloat16.as_numpy_dtype, "ddl_float_to_bfloat16", "ddl_bfloat16_to_float")])
+def test_16_bit_conversions_round_like_numpy(dtype, to16, from16):
+    lib = basics.core_library()
+    rng = np.random.default_rng(0)
+    specials = [0.0, -0.0, 1.0, 65504.0, 65520.0, 1e-8, 6e-8, 5.96e-8, 2.98e-8, 1e5, -1e-5,
+                np.inf, -np.inf, 3.4e38, 1.00048828125, 1.0009765625, 1.00146484375]
+    values = np.concatenate([np.float32(specials),
+                             rng.standard_normal(2000).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 2000)])
+    got = np.array([getattr(lib, to16)(float(v)) for v in values], dtype=np.uint16)
+    with np.errstate(over="ignore"):
+        expected = _bits(values.astype(dtype), dtype)
+        reference = values.astype(dtype).astype(np.float32)
+    mismatch = np.nonzero(got != expected)[0]
+    assert mismatch.size == 0, [(values[i], got[i], expected[i]) for i in mismatch[:5]]
+    assert getattr(lib, to16)(float("nan")) & 0x7fff > (0x7c00 if dtype == np.float16 else 0x7f80)
+    back = np.array([getattr(lib, from16)(int(b)) for b in expected], dtype=np.float32)
+    np.testing.assert_array_equal(back, reference)
