@@ -144,7 +144,7 @@ setup(
     # already installed (tensorflow, tensorflow-cpu or a CUDA build), and
     # listing one distribution would pull it in beside another.
     install_requires=["keras>=3.0", "mpi4py>=4.0", "numpy"],
-    extras_require={"mpich": ["mpich"], "test": ["pytest"]},
+    extras_require={"mpich": ["mpich"], "test": ["pytest"], "study": ["matplotlib"]},
     entry_points={"console_scripts": []},
     zip_safe=False,
 )
