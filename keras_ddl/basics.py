@@ -150,6 +150,18 @@ def allreduce_algorithm():
     return ("flat", "shared_memory", "hierarchical")[_query("ddl_allreduce_algorithm")]
 
 
+def traffic():
+    """Bytes this rank has moved since init, by path: a dict with
+    ``intra_node_bytes`` (through node shared memory), ``cross_node_bytes``
+    (handed to the cross-node phase) and ``flat_bytes`` (flat ring)."""
+    if not is_initialized():
+        init()
+    counters = (ctypes.c_uint64 * 3)()
+    if _core.ddl_traffic(counters) != 0:
+        raise RuntimeError("keras_ddl is not initialized")
+    return dict(zip(("intra_node_bytes", "cross_node_bytes", "flat_bytes"), counters))
+
+
 def core_library():
     """The loaded core (ctypes), for tests and tools."""
     return _load_core()

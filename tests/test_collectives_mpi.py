@@ -33,7 +33,8 @@ def test_launch_exits_cleanly(nprocs):
 # flat ring over MPI, hierarchical over 2 virtual nodes of 2 ranks, one rank
 # per virtual node (auto falls back to flat), and 3 ranks as one node.
 ALLREDUCE_CASES = [
-    "topology_and_algorithm_follow_the_environment", "allreduce_every_dtype_op_and_length", "allreduce_scalars_empty_and_shapes",
+    "topology_and_algorithm_follow_the_environment", "traffic_counters_follow_the_algorithm",
+    "allreduce_every_dtype_op_and_length", "allreduce_scalars_empty_and_shapes",
     "allreduce_is_bitwise_identical_on_every_rank", "grouped_allreduce_200_tensors_mixed",
     "out_of_order_submission_in_tf_function", "compression_fp16_and_bf16"]
 TOPOLOGIES = {

@@ -89,7 +89,7 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
     }
     if (across && slice[me] > 0) {
       RingAllreduce(*cross_, mine, slice[me], dtype, cross_op);
-      stats_.cross_node_bytes += slice[me] * elem;
+      traffic_.cross_node_bytes += slice[me] * elem;
     }
     if (op == ReduceOp::kAverage) DivideBy(mine, slice[me], dtype, world_size_);
     arena_.Publish(ShmArena::kReduced, k + 1);
@@ -99,7 +99,7 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
       walker.Scatter(first + offset[i], slice[i], arena_.Slot(i, slot) + offset[i] * elem);
     }
     arena_.Publish(ShmArena::kConsumed, k + 1);
-    stats_.intra_node_bytes += 2 * count * elem;
+    traffic_.intra_node_bytes += 2 * count * elem;
   }
 }
 

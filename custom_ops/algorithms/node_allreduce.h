@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../core/traffic.h"
 #include "../core/types.h"
 #include "../transport/shm_arena.h"
 #include "../transport/transport.h"
@@ -25,26 +26,20 @@ struct Span {
   int64_t count;
 };
 
-struct NodeAllreduceStats {
-  uint64_t intra_node_bytes = 0;  // copied into and out of shared memory
-  uint64_t cross_node_bytes = 0;  // handed to the cross-node allreduce
-};
-
 class NodeAllreduce {
  public:
   // `cross` may be null (single node). `world_size` divides Average.
-  NodeAllreduce(ShmArena& arena, Transport* cross, int world_size)
-      : arena_(arena), cross_(cross), world_size_(world_size) {}
+  NodeAllreduce(ShmArena& arena, Transport* cross, int world_size, TrafficCounters& traffic)
+      : arena_(arena), cross_(cross), world_size_(world_size), traffic_(traffic) {}
 
   void Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
-  const NodeAllreduceStats& stats() const { return stats_; }
 
  private:
   ShmArena& arena_;
   Transport* cross_;
   int world_size_;
+  TrafficCounters& traffic_;
   uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls
-  NodeAllreduceStats stats_;
 };
 
 }  // namespace ddl

@@ -40,6 +40,17 @@ int ddl_allreduce_algorithm() {
 }
 int ddl_is_homogeneous() { return Query([](const ddl::Context& c) { return c.homogeneous ? 1 : 0; }); }
 
+// Bytes moved by this rank: [intra-node, cross-node, flat ring]. Returns 0,
+// or -1 when not initialised.
+int ddl_traffic(uint64_t* out) {
+  auto engine = ddl::CurrentEngine();
+  if (!engine) return -1;
+  out[0] = engine->traffic().intra_node_bytes.load();
+  out[1] = engine->traffic().cross_node_bytes.load();
+  out[2] = engine->traffic().flat_bytes.load();
+  return 0;
+}
+
 // The MPI library this core was linked against, to check that mpi4py in
 // the same process uses the same one.
 int ddl_mpi_library_version(char* out, int capacity);

@@ -33,6 +33,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const Context& context() const { return *ctx_; }
+  const TrafficCounters& traffic() const { return executor_.traffic(); }
 
   // Hands the works to the engine as one unit (they enter the same cycle).
   // Invalid works fail through their done callback before this returns.

@@ -60,7 +60,7 @@ void Executor::Run(std::vector<Work>& ready) {
 Executor::Executor(Context& ctx) : ctx_(ctx) {
   if (ctx_.node_memory) {
     node_allreduce_ = std::make_unique<NodeAllreduce>(
-        *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size);
+        *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size, traffic_);
   }
 }
 
@@ -79,6 +79,7 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
     Work& w = *batch[0];
     CopyUnlessSame(w.output, w.input, Bytes(w));
     RingAllreduce(*ctx_.world, w.output, NumElements(w.shape), dtype, op);
+    traffic_.flat_bytes += Bytes(w);
     Finish(w, Status::Ok());
     return;
   }
@@ -92,6 +93,7 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
   }
   RingAllreduce(*ctx_.world, fusion_buffer_.data(),
                 static_cast<int64_t>(total / DataTypeSize(dtype)), dtype, op);
+  traffic_.flat_bytes += total;
   offset = 0;
   for (Work* w : batch) {
     CopyUnlessSame(w->output, fusion_buffer_.data() + offset, Bytes(*w));

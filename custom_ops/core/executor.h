@@ -19,6 +19,7 @@ class Executor {
   // Runs `ready` (same order on every rank); fuses allreduces with the same
   // dtype and op up to the fusion threshold. Calls every done callback.
   void Run(std::vector<Work>& ready);
+  const TrafficCounters& traffic() const { return traffic_; }
 
  private:
   void AllreduceBatch(std::vector<Work*>& batch);
@@ -27,6 +28,7 @@ class Executor {
   Status Reducescatter(Work& work);
 
   Context& ctx_;
+  TrafficCounters traffic_;
   std::vector<char> fusion_buffer_;
   std::unique_ptr<NodeAllreduce> node_allreduce_;  // when the node shares memory
 };

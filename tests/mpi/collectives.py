@@ -79,6 +79,29 @@ def topology_and_algorithm_follow_the_environment():
 
 
 @case
+def traffic_counters_follow_the_algorithm():
+    count = 1000003
+    before = ddl.traffic()
+    ddl.allreduce(tf.ones([count]), op=ddl.Sum, name="traffic.probe")
+    after = ddl.traffic()
+    delta = {k: after[k] - before[k] for k in after}
+    nbytes = 4 * count
+    algo = ddl.allreduce_algorithm()
+    if algo == "flat":
+        assert delta == {"intra_node_bytes": 0, "cross_node_bytes": 0, "flat_bytes": nbytes}, delta
+        return
+    assert delta["flat_bytes"] == 0 and delta["intra_node_bytes"] == 2 * nbytes, delta
+    if algo == "shared_memory":
+        assert delta["cross_node_bytes"] == 0, delta
+    else:
+        # Each rank hands only its 1/L slice of every chunk across nodes; the
+        # uneven split of a chunk costs at most one element per chunk.
+        share = nbytes / ddl.local_size()
+        chunks = nbytes // (256 * 1024) + 1
+        assert abs(delta["cross_node_bytes"] - share) <= 4 * chunks, (delta, share)
+
+
+@case
 def allreduce_every_dtype_op_and_length():
     for dtype in DTYPES:
         for op in (ddl.Sum, ddl.Average, ddl.Min, ddl.Max, ddl.Product):
