@@ -155,7 +155,7 @@ bool Engine::RunCycle() {
     words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
     words[1 + slot_words + slot / 64] &= ~(uint64_t(1) << (slot % 64));
   }
-  ctx_->world->AllreduceBitwiseAnd(words);
+  ctx_->world->AllreduceBitwiseAnd(words, pending_.empty() && !shutdown_requested_);
   const bool exchange = !(words[0] & kFlagHasRequests) || !(words[0] & kFlagCoordinator);
   const bool shutdown = !(words[0] & kFlagShutdown);
 

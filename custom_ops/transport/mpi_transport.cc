@@ -73,15 +73,17 @@ void MpiTransport::Wait(Handle handle) {
   free_handles_.push_back(handle);
 }
 
-void MpiTransport::WaitRequest(MPI_Request* request, const char* what) {
+void MpiTransport::WaitRequest(MPI_Request* request, const char* what, bool idle) {
   // Polling keeps the progress engine moving; the spin covers the common
   // case where the peer is already there. After that we yield (another rank
   // may share this core) and finally sleep, doubling up to 1 ms, so an idle
   // rank costs almost nothing while it waits for a slow one.
-  constexpr int kSpinPolls = 2000;
-  constexpr int kYieldPolls = 2000;
+  const int kSpinPolls = idle ? 10 : 2000;
+  const int kYieldPolls = idle ? 10 : 2000;
+  // An idle wait must still poll often: a peer that arrives later needs our
+  // MPI_Test calls to progress the collective it is waiting on.
   auto sleep_for = std::chrono::microseconds(20);
-  const auto kMaxSleep = std::chrono::microseconds(1000);
+  const auto kMaxSleep = std::chrono::microseconds(idle ? 200 : 1000);
   for (int polls = 0;; ++polls) {
     int done = 0;
     Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
@@ -96,12 +98,12 @@ void MpiTransport::WaitRequest(MPI_Request* request, const char* what) {
   }
 }
 
-void MpiTransport::AllreduceBitwiseAnd(std::vector<uint64_t>& words) {
+void MpiTransport::AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) {
   MPI_Request request;
   Check(MPI_Iallreduce(MPI_IN_PLACE, words.data(), static_cast<int>(words.size()),
                        MPI_UINT64_T, MPI_BAND, comm_, &request),
         "MPI_Iallreduce");
-  WaitRequest(&request, "negotiation allreduce");
+  WaitRequest(&request, "negotiation allreduce", idle);
 }
 
 std::vector<std::vector<char>> MpiTransport::GatherBytes(const std::vector<char>& mine,

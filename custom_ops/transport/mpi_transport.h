@@ -29,7 +29,9 @@ class MpiTransport : public Transport {
   size_t MaxMessageBytes() const override { return kMaxMessageBytes; }
 
   // Negotiation collectives (every rank of the communicator calls them).
-  void AllreduceBitwiseAnd(std::vector<uint64_t>& words);
+  // `idle`: nothing is waiting on the result, so wait by sleeping rather
+  // than spinning (an idle engine then costs almost no CPU).
+  void AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle);
   // Root receives every rank's bytes; others get an empty result.
   std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine, int root);
   void BroadcastBytes(std::vector<char>& data, int root);
@@ -43,7 +45,7 @@ class MpiTransport : public Transport {
 
  private:
   static constexpr size_t kMaxMessageBytes = size_t(1) << 30;
-  void WaitRequest(MPI_Request* request, const char* what);
+  void WaitRequest(MPI_Request* request, const char* what, bool idle = false);
   Handle Track(MPI_Request request);
 
   MPI_Comm comm_;
