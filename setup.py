@@ -145,6 +145,6 @@ setup(
     # listing one distribution would pull it in beside another.
     install_requires=["keras>=3.0", "mpi4py>=4.0", "numpy"],
     extras_require={"mpich": ["mpich"], "test": ["pytest"], "study": ["matplotlib"]},
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["ddlrun = keras_ddl.runner.ddlrun:main"]},
     zip_safe=False,
 )

@@ -17,15 +17,35 @@ import os as _os
 # TF_CPU_ALLOCATOR_USE_BFC=false.
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initialized, local_rank,
-                     local_size,
-                     rank, shutdown, size, traffic)
-from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum, allgather, allreduce,
-                  barrier, broadcast, broadcast_variables, grouped_allreduce, reducescatter)
-from .optimizer import DistributedGradientTape, DistributedOptimizer
-from . import callbacks
+from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initialized,
+                     local_rank, local_size, rank, shutdown, size, traffic)
 
 __version__ = "0.1.0"
 
-from . import optimizers, schedules  # noqa: E402  (large-batch recipes)
-from .strategy import DDLStrategy, gather_predictions
+# Everything that needs TensorFlow loads on first use, so tools that only
+# need the process model (ddlrun, rank queries) start without importing it.
+_LAZY = {
+    ".ops": ["Average", "Compression", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
+             "allreduce", "barrier", "broadcast", "broadcast_variables", "grouped_allreduce",
+             "reducescatter"],
+    ".optimizer": ["DistributedGradientTape", "DistributedOptimizer"],
+    ".strategy": ["DDLStrategy", "gather_predictions"],
+}
+_LAZY_ATTRS = {name: module for module, names in _LAZY.items() for name in names}
+_SUBMODULES = ("callbacks", "optimizers", "schedules", "ops", "optimizer", "strategy", "bench")
+
+
+def __getattr__(name):
+    import importlib
+    if name in _LAZY_ATTRS:
+        value = getattr(importlib.import_module(_LAZY_ATTRS[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module("." + name, __name__)
+    else:
+        raise AttributeError(f"module 'keras_ddl' has no attribute '{name}'")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY_ATTRS) + list(_SUBMODULES))

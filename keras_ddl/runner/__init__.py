@@ -1,0 +1,1 @@
+"""``ddlrun``: launch a training script on N processes through the MPI launcher."""
