@@ -18,7 +18,7 @@ import os as _os
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initialized,
-                     local_rank, local_size, rank, shutdown, size, traffic)
+                     local_rank, local_size, rank, shutdown, size, timeline_mark, traffic)
 
 __version__ = "0.1.0"
 

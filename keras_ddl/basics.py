@@ -162,6 +162,14 @@ def traffic():
     return dict(zip(("intra_node_bytes", "cross_node_bytes", "flat_bytes"), counters))
 
 
+def timeline_mark(label):
+    """Adds a marker (e.g. "step 10") to the timeline rank 0 writes when
+    DDL_TIMELINE is set; does nothing otherwise."""
+    if not is_initialized():
+        init()
+    _core.ddl_timeline_mark(str(label).encode())
+
+
 def core_library():
     """The loaded core (ctypes), for tests and tools."""
     return _load_core()

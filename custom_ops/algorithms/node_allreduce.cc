@@ -1,6 +1,7 @@
 #include "node_allreduce.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "../core/reduce_kernels.h"
@@ -57,7 +58,18 @@ class SpanWalker {
 
 }  // namespace
 
-void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op) {
+void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+                        NodePhaseTimes* times) {
+  using Clock = std::chrono::steady_clock;
+  NodePhaseTimes local_times;
+  NodePhaseTimes& t = times ? *times : local_times;
+  auto tick = Clock::now();
+  // Adds the time since the last call to `phase`.
+  auto lap = [&tick](double& phase) {
+    auto now = Clock::now();
+    phase += std::chrono::duration<double>(now - tick).count();
+    tick = now;
+  };
   const size_t elem = DataTypeSize(dtype);
   const SpanWalker walker(spans, elem);
   const int n = arena_.size();
@@ -76,6 +88,7 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
     if (k >= static_cast<uint64_t>(slots)) arena_.WaitForAll(ShmArena::kConsumed, k - slots + 1);
     walker.Gather(first, count, arena_.Slot(me, slot));
     arena_.Publish(ShmArena::kPosted, k + 1);
+    lap(t.copy_in);
 
     const std::vector<int64_t> slice = EvenSegments(count, n);
     std::vector<int64_t> offset(n + 1, 0);
@@ -87,10 +100,12 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
     for (int i = 0; i < n; ++i) {
       if (i != me) ReduceInto(mine, arena_.Slot(i, slot) + offset[me] * elem, slice[me], dtype, op);
     }
+    lap(t.reduce_scatter);
     if (across && slice[me] > 0) {
       RingAllreduce(*cross_, mine, slice[me], dtype, cross_op);
       traffic_.cross_node_bytes += slice[me] * elem;
     }
+    lap(t.cross_node);
     if (op == ReduceOp::kAverage) DivideBy(mine, slice[me], dtype, world_size_);
     arena_.Publish(ShmArena::kReduced, k + 1);
 
@@ -100,6 +115,7 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
     }
     arena_.Publish(ShmArena::kConsumed, k + 1);
     traffic_.intra_node_bytes += 2 * count * elem;
+    lap(t.all_gather);
   }
 }
 

@@ -18,6 +18,15 @@
 
 namespace ddl {
 
+// Seconds spent in each phase, accumulated over chunks (phases of
+// different chunks interleave, so these are totals, not intervals).
+struct NodePhaseTimes {
+  double copy_in = 0;
+  double reduce_scatter = 0;
+  double cross_node = 0;
+  double all_gather = 0;
+};
+
 // One tensor's part of a fused allreduce: `count` elements read from `in`
 // and written to `out` (which may equal `in`).
 struct Span {
@@ -32,7 +41,9 @@ class NodeAllreduce {
   NodeAllreduce(ShmArena& arena, Transport* cross, int world_size, TrafficCounters& traffic)
       : arena_(arena), cross_(cross), world_size_(world_size), traffic_(traffic) {}
 
-  void Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
+  // `times`, if given, receives the time spent per phase.
+  void Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+           NodePhaseTimes* times = nullptr);
 
  private:
   ShmArena& arena_;

@@ -40,6 +40,14 @@ int ddl_allreduce_algorithm() {
 }
 int ddl_is_homogeneous() { return Query([](const ddl::Context& c) { return c.homogeneous ? 1 : 0; }); }
 
+// Adds a marker to rank 0's timeline (no-op elsewhere or without one).
+int ddl_timeline_mark(const char* label) {
+  auto engine = ddl::CurrentEngine();
+  if (!engine) return -1;
+  if (engine->context().timeline) engine->context().timeline->Marker(label);
+  return 0;
+}
+
 // Bytes moved by this rank: [intra-node, cross-node, flat ring]. Returns 0,
 // or -1 when not initialised.
 int ddl_traffic(uint64_t* out) {

@@ -70,6 +70,9 @@ Status Context::ChooseAllreduce() {
 // the next collective. The lowest failing rank's message is reported.
 Status Context::AgreeOnConfig(Context* ctx) {
   Status mine = Config::FromEnvironment(&ctx->config);
+  if (mine.ok() && ctx->rank == 0 && !ctx->config.timeline_path.empty()) {
+    ctx->timeline = Timeline::Open(ctx->config.timeline_path, &mine);
+  }
   if (mine.ok() && ctx->config.local_size > 0 && ctx->size % ctx->config.local_size != 0) {
     mine = Status::InvalidArgument(
         "environment variable DDL_LOCAL_SIZE=" + std::to_string(ctx->config.local_size) +

@@ -7,6 +7,7 @@
 #include "../transport/mpi_transport.h"
 #include "../transport/shm_arena.h"
 #include "config.h"
+#include "timeline.h"
 #include "types.h"
 
 namespace ddl {
@@ -26,6 +27,7 @@ struct Context {
   // Shared memory of this node's ranks; null when allreduce runs flat.
   std::unique_ptr<ShmArena> node_memory;
   bool hierarchical = false;  // node_memory plus a cross-node step
+  std::unique_ptr<Timeline> timeline;  // rank 0 with DDL_TIMELINE set, else null
 
   // Initialises MPI if nobody has (thread level MULTIPLE is required, as
   // Python may call MPI through mpi4py while the engine thread runs), reads

@@ -56,7 +56,9 @@ void Engine::Enqueue(std::vector<Work> works) {
   std::vector<Status> reasons;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    const auto now = std::chrono::steady_clock::now();
     for (Work& w : works) {
+      w.enqueued = now;
       Status s = broken_.ok() ? Validate(w) : broken_;
       if (s.ok()) {
         queue_.push_back(std::move(w));
@@ -217,6 +219,10 @@ bool Engine::RunCycle() {
     agreed.push_back(it->second.request);
     runnable.push_back(std::move(it->second.work));
     pending_.erase(it);
+  }
+  if (ctx_->timeline) {
+    const auto now = std::chrono::steady_clock::now();
+    for (const Work& w : runnable) ctx_->timeline->Span(w.name, "NEGOTIATE", w.enqueued, now);
   }
   try {
     executor_.Run(runnable);

@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -38,6 +39,7 @@ void Executor::Run(std::vector<Work>& ready) {
 
   for (Work& w : ready) {
     Status s;
+    const auto start = Timeline::Clock::now();
     switch (w.collective) {
       case Collective::kAllreduce:
         continue;  // done above
@@ -53,6 +55,12 @@ void Executor::Run(std::vector<Work>& ready) {
       case Collective::kBarrier:
         break;  // agreement by every rank already was the barrier
     }
+    if (ctx_.timeline) {
+      std::string phase = CollectiveName(w.collective);
+      for (char& c : phase) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      ctx_.timeline->Span(w.name, phase, start, Timeline::Clock::now(),
+                          "\"bytes\": " + std::to_string(Bytes(w)));
+    }
     Finish(w, s);
   }
 }
@@ -65,41 +73,80 @@ Executor::Executor(Context& ctx) : ctx_(ctx) {
 }
 
 void Executor::AllreduceBatch(std::vector<Work*>& batch) {
+  using Clock = Timeline::Clock;
   const DataType dtype = batch[0]->dtype;
   const ReduceOp op = batch[0]->op;
+  size_t total = 0;
+  for (Work* w : batch) total += Bytes(*w);
+  const auto start = Clock::now();
+  // Phase name and duration, laid out one after another on each tensor's row.
+  std::vector<std::pair<const char*, double>> phases;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+
   if (node_allreduce_) {
     // Reads inputs and writes outputs in place: no fusion-buffer copies.
     std::vector<Span> spans;
     for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
-    node_allreduce_->Run(spans, dtype, op);
-    for (Work* w : batch) Finish(*w, Status::Ok());
-    return;
+    NodePhaseTimes times;
+    node_allreduce_->Run(spans, dtype, op, &times);
+    phases = {{"SHM_COPY_IN", times.copy_in},
+              {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
+              {"CROSS_NODE_ALLREDUCE", times.cross_node},
+              {"INTRA_NODE_ALL_GATHER", times.all_gather}};
+  } else {
+    // A single tensor is reduced in its output; several are packed first.
+    char* buffer = static_cast<char*>(batch[0]->output);
+    auto t = Clock::now();
+    if (batch.size() == 1) {
+      CopyUnlessSame(buffer, batch[0]->input, total);
+    } else {
+      if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+      buffer = fusion_buffer_.data();
+      size_t offset = 0;
+      for (Work* w : batch) {
+        CopyUnlessSame(buffer + offset, w->input, Bytes(*w));
+        offset += Bytes(*w);
+      }
+    }
+    phases.emplace_back("MEMCPY_IN_FUSION_BUFFER", seconds_since(t));
+    t = Clock::now();
+    const int64_t count = static_cast<int64_t>(total / DataTypeSize(dtype));
+    const std::vector<int64_t> segments = EvenSegments(count, ctx_.size);
+    if (ctx_.size > 1 && count > 0) RingReduceScatter(*ctx_.world, buffer, segments, dtype, op);
+    phases.emplace_back("RING_REDUCE_SCATTER", seconds_since(t));
+    t = Clock::now();
+    if (ctx_.size > 1 && count > 0) RingAllgather(*ctx_.world, buffer, segments, dtype);
+    phases.emplace_back("RING_ALLGATHER", seconds_since(t));
+    t = Clock::now();
+    if (batch.size() > 1) {
+      size_t offset = 0;
+      for (Work* w : batch) {
+        CopyUnlessSame(w->output, buffer + offset, Bytes(*w));
+        offset += Bytes(*w);
+      }
+    }
+    phases.emplace_back("MEMCPY_OUT_FUSION_BUFFER", seconds_since(t));
+    traffic_.flat_bytes += total;
   }
-  if (batch.size() == 1) {
-    Work& w = *batch[0];
-    CopyUnlessSame(w.output, w.input, Bytes(w));
-    RingAllreduce(*ctx_.world, w.output, NumElements(w.shape), dtype, op);
-    traffic_.flat_bytes += Bytes(w);
-    Finish(w, Status::Ok());
-    return;
+  const auto end = Clock::now();
+  if (ctx_.timeline) {
+    const std::string args = "\"batch_tensors\": " + std::to_string(batch.size()) +
+                             ", \"batch_bytes\": " + std::to_string(total);
+    for (Work* w : batch) {
+      ctx_.timeline->Span(w->name, "ALLREDUCE", start, end,
+                          args + ", \"bytes\": " + std::to_string(Bytes(*w)));
+      auto at = start;
+      for (const auto& [phase, secs] : phases) {
+        auto next = at + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(secs));
+        ctx_.timeline->Span(w->name, phase, at, next);
+        at = next;
+      }
+    }
   }
-  size_t total = 0;
-  for (Work* w : batch) total += Bytes(*w);
-  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
-  size_t offset = 0;
-  for (Work* w : batch) {
-    CopyUnlessSame(fusion_buffer_.data() + offset, w->input, Bytes(*w));
-    offset += Bytes(*w);
-  }
-  RingAllreduce(*ctx_.world, fusion_buffer_.data(),
-                static_cast<int64_t>(total / DataTypeSize(dtype)), dtype, op);
-  traffic_.flat_bytes += total;
-  offset = 0;
-  for (Work* w : batch) {
-    CopyUnlessSame(w->output, fusion_buffer_.data() + offset, Bytes(*w));
-    offset += Bytes(*w);
-    Finish(*w, Status::Ok());
-  }
+  for (Work* w : batch) Finish(*w, Status::Ok());
 }
 
 Status Executor::Allgather(Work& w) {

@@ -2,6 +2,7 @@
 // callbacks, no framework types. This is the whole framework-facing surface.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ struct Work {
   // Called exactly once, from the engine thread (or from Enqueue on an
   // immediate error).
   std::function<void(const Status&)> done;
+  // Set by the engine when the work is enqueued (for the timeline).
+  std::chrono::steady_clock::time_point enqueued;
 };
 
 // Calls the done callback once; later calls are no-ops.

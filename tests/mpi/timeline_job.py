@@ -1,0 +1,43 @@
+"""Writes timelines for tests/test_timeline_mpi.py: first with the default
+algorithm, then re-initialised with the flat ring, then rank 0 is killed
+mid-job so the test can check the file still loads."""
+
+import os
+import signal
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import keras_ddl as ddl
+
+out_dir = sys.argv[1]
+
+
+def workload(tag):
+    for step in range(3):
+        ddl.timeline_mark(f"{tag} step {step}")
+        ddl.allreduce(tf.ones([1000 + step]), name=f"{tag}.single")
+        ddl.grouped_allreduce([tf.ones([300]), tf.ones([5], tf.float64)], name=f"{tag}.group")
+    ddl.allgather(tf.ones([ddl.rank() + 1, 2]), name=f"{tag}.gather")
+    ddl.broadcast(tf.ones([4]), root_rank=1, name=f"{tag}.bcast")
+
+
+os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "auto.json")
+ddl.init()
+workload("auto")
+ddl.shutdown()
+
+os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "flat.json")
+os.environ["DDL_ALLREDUCE"] = "flat"
+ddl.init()
+workload("flat")
+ddl.shutdown()
+
+os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "killed.json")
+ddl.init()
+workload("killed")
+if ddl.rank() == 0:
+    os.kill(os.getpid(), signal.SIGKILL)
+ddl.allreduce(tf.ones([3]), name="never.completes")  # rank 0 is gone
+print("unreachable", np.zeros(1))

@@ -1,0 +1,68 @@
+"""DDL_TIMELINE: rank 0 writes a Chrome trace with every phase of every
+reduced tensor, loadable even after the job is killed."""
+
+import json
+import os
+
+import pytest
+from conftest import MPI_DIR, run_mpi
+
+NODE_PHASES = ["NEGOTIATE", "ALLREDUCE", "SHM_COPY_IN", "INTRA_NODE_REDUCE_SCATTER",
+               "CROSS_NODE_ALLREDUCE", "INTRA_NODE_ALL_GATHER"]
+FLAT_PHASES = ["NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "RING_REDUCE_SCATTER",
+               "RING_ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER"]
+
+
+@pytest.fixture(scope="module")
+def timelines(tmp_path_factory):
+    out = tmp_path_factory.mktemp("timeline")
+    proc = run_mpi(2, os.path.join(MPI_DIR, "timeline_job.py"), args=[str(out)], timeout=240,
+                   env={"DDL_STALL_TIMEOUT_S": "20"})
+    assert proc.returncode != 0, "rank 0 was killed: the launch must fail"
+    files = {}
+    for name in ("auto", "flat", "killed"):
+        with open(out / f"{name}.json") as f:
+            files[name] = json.load(f)  # raises if the file is not valid JSON
+    return files
+
+
+def rows(events):
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    by_row = {}
+    for e in events:
+        if e.get("ph") == "X":
+            by_row.setdefault(names[e["tid"]], []).append(e)
+    return by_row
+
+
+@pytest.mark.parametrize("run, phases", [("auto", NODE_PHASES), ("flat", FLAT_PHASES)])
+def test_every_reduced_tensor_has_every_phase(timelines, run, phases):
+    by_row = rows(timelines[run])
+    tensors = [f"{run}.single", f"{run}.group.0", f"{run}.group.1"]
+    for tensor in tensors:
+        seen = [e["name"] for e in by_row[tensor]]
+        for phase in phases:
+            assert seen.count(phase) == 3, f"{tensor}: {phase} x{seen.count(phase)} in {seen}"
+        for e in by_row[tensor]:
+            assert e["dur"] >= 0 and e["ts"] >= 0
+    assert [e["name"] for e in by_row[f"{run}.gather"]] == ["NEGOTIATE", "ALLGATHER"]
+    assert [e["name"] for e in by_row[f"{run}.bcast"]] == ["NEGOTIATE", "BROADCAST"]
+    sizes = {e["args"]["bytes"] for e in by_row[f"{run}.single"] if e["name"] == "ALLREDUCE"}
+    assert sizes == {4000, 4004, 4008}
+
+
+def test_markers_and_nested_phases(timelines):
+    events = timelines["auto"]
+    marks = [e["name"] for e in events if e.get("ph") == "i"]
+    assert marks == [f"auto step {s}" for s in range(3)]
+    for e in rows(events)["auto.single"]:
+        if e["name"] == "ALLREDUCE":
+            inner = [p for p in rows(events)["auto.single"]
+                     if p["name"].startswith(("SHM", "INTRA", "CROSS")) and p["ts"] >= e["ts"]
+                     and p["ts"] <= e["ts"] + e["dur"]]
+            assert sum(p["dur"] for p in inner[:4]) <= e["dur"] + 4
+
+
+def test_killed_job_leaves_a_loadable_timeline(timelines):
+    by_row = rows(timelines["killed"])
+    assert "killed.single" in by_row and "never.completes" not in by_row
