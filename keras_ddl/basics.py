@@ -93,7 +93,7 @@ def init():
                 f"keras_ddl.init() failed: {message}")
         if not _atexit_registered:
             # Registered after mpi4py's import, so it runs before MPI finalises.
-            atexit.register(shutdown)
+            atexit.register(_at_exit)
             _atexit_registered = True
 
 
@@ -102,6 +102,18 @@ def shutdown():
     with _lock:
         if _core is not None:
             _core.ddl_shutdown()
+
+
+def _at_exit():
+    # After a peer died, MPI_Finalize could wait for it forever: end the
+    # whole job instead, with a non-zero exit code on every rank.
+    if _core is not None and _core.ddl_peer_failure_seen():
+        import sys
+        sys.stderr.write("[keras_ddl] a peer rank failed; aborting the MPI job\n")
+        sys.stderr.flush()
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(1)
+    shutdown()
 
 
 def is_initialized():

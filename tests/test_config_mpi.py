@@ -16,6 +16,7 @@ def launch():
     "DDL_FUSION_THRESHOLD_MB=lots", "DDL_FUSION_THRESHOLD_MB=-1", "DDL_CYCLE_TIME_MS=0",
     "DDL_CYCLE_TIME_MS=1ms", "DDL_ALLREDUCE=ring", "DDL_LOCAL_SIZE=2", "DDL_LOCAL_SIZE=1.5",
     "DDL_STALL_WARNING_S=nan", "DDL_STALL_TIMEOUT_S=-5", "DDL_CACHE_CAPACITY=many",
+    "DDL_PEER_TIMEOUT_S=soon", "DDL_TIMELINE=/nonexistent/dir/trace.json",
     "valid_after_fix"])
 def test_bad_value_fails_on_every_rank(name):
     launch().check(name)

@@ -26,6 +26,7 @@ extern "C" {
 int ddl_init() { return Report(ddl::Initialize()); }
 void ddl_shutdown() { ddl::Shutdown(); }
 int ddl_is_initialized() { return ddl::CurrentEngine() ? 1 : 0; }
+int ddl_peer_failure_seen() { return ddl::Engine::PeerFailureSeen() ? 1 : 0; }
 const char* ddl_last_error() { return last_error.c_str(); }
 
 int ddl_rank() { return Query([](const ddl::Context& c) { return c.rank; }); }

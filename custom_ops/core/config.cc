@@ -49,6 +49,11 @@ Status Config::FromEnvironment(Config* c) {
                        "a number of seconds >= 0 (0 disables the timeout)", &c->stall_timeout_s))
            .ok())
     return s;
+  if (!(s = ReadNumber("DDL_PEER_TIMEOUT_S", 0, 1e9,
+                       "a number of seconds >= 0 (0 disables dead-peer detection)",
+                       &c->peer_timeout_s))
+           .ok())
+    return s;
   double local_size = c->local_size;
   if (!(s = ReadNumber("DDL_LOCAL_SIZE", 1, 1 << 20, "a whole number of ranks >= 1",
                        &local_size))

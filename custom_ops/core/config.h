@@ -19,6 +19,7 @@ struct Config {
   double stall_warning_s = 60.0;      // DDL_STALL_WARNING_S
   double stall_timeout_s = 0.0;       // DDL_STALL_TIMEOUT_S, 0 = never
   int cache_capacity = 1024;          // DDL_CACHE_CAPACITY, 0 disables the response cache
+  double peer_timeout_s = 15.0;       // DDL_PEER_TIMEOUT_S, 0 = never: silence => dead peer
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);

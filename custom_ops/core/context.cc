@@ -61,6 +61,7 @@ Status Context::ChooseAllreduce() {
   } catch (const TransportError& e) {
     return Status::Internal(std::string(e.what()) + OnRank(rank));
   }
+  node_memory->SetPeerTimeout(config.peer_timeout_s);
   hierarchical = cross_size > 1;
   return Status::Ok();
 }
@@ -141,6 +142,9 @@ Status Context::Create(std::unique_ptr<Context>* out) {
   ctx->cross_rank = ctx->cross->rank();
   ctx->cross_size = ctx->cross->size();
 
+  for (MpiTransport* t : {ctx->world.get(), ctx->local.get(), ctx->cross.get()}) {
+    t->SetPeerTimeout(ctx->config.peer_timeout_s);
+  }
   std::vector<int64_t> local_sizes = ctx->world->AllgatherInt64(ctx->local_size);
   for (int64_t n : local_sizes) ctx->homogeneous &= (n == ctx->local_size);
   s = ctx->ChooseAllreduce();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 namespace ddl {
 
@@ -19,7 +20,68 @@ constexpr uint64_t kFlagCoordinator = 1u << 2;   // rank 0 has a verdict to send
 
 std::string OnRank(int rank) { return " (rank " + std::to_string(rank) + ")"; }
 
+constexpr int kProbeTag = 7001;
+constexpr int kVerdictTag = 7002;
+constexpr size_t kVerdictBytes = 4096;
+
+std::atomic<bool> peer_failure_seen{false};
+
 }  // namespace
+
+bool Engine::PeerFailureSeen() { return peer_failure_seen.load(); }
+
+std::string Engine::DiagnoseSilentPeers() {
+  MpiTransport& world = *ctx_->world;
+  const double timeout = ctx_->config.peer_timeout_s;
+  // Live ranks time out within milliseconds of each other (they all sat in
+  // the same negotiation), so a few seconds is plenty to hear from them.
+  const auto patience = std::chrono::duration<double>(std::max(5.0, timeout / 2));
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  const std::string silence = "no negotiation traffic for " +
+                              std::to_string(static_cast<int>(timeout)) + " s (DDL_PEER_TIMEOUT_S)";
+  if (ctx_->rank == 0) {
+    std::vector<char> probes(ctx_->size);
+    std::vector<Transport::Handle> handles(ctx_->size, -1);
+    std::vector<bool> heard(ctx_->size, false);
+    heard[0] = true;
+    for (int r = 1; r < ctx_->size; ++r) handles[r] = world.Irecv(&probes[r], 1, r, kProbeTag);
+    while (std::chrono::steady_clock::now() < deadline &&
+           std::count(heard.begin(), heard.end(), false) > 0) {
+      for (int r = 1; r < ctx_->size; ++r) {
+        if (!heard[r]) heard[r] = world.Test(handles[r]);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string missing;
+    for (int r = 0; r < ctx_->size; ++r) {
+      if (!heard[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    std::string verdict =
+        missing.empty()
+            ? "keras_ddl negotiation made no progress: " + silence +
+                  ", yet every rank answered a probe"
+            : "rank(s) [" + missing + "] stopped responding: " + silence +
+                  "; the process died, was killed, or hangs. The job cannot continue";
+    std::vector<char> message(verdict.begin(), verdict.end());
+    message.resize(std::min(message.size() + 1, kVerdictBytes), '\0');
+    message.back() = '\0';
+    for (int r = 1; r < ctx_->size; ++r) {
+      if (heard[r]) world.Isend(message.data(), message.size(), r, kVerdictTag);
+    }
+    return verdict;
+  }
+  char probe = 1;
+  world.Isend(&probe, 1, 0, kProbeTag);
+  std::vector<char> verdict(kVerdictBytes, '\0');
+  Transport::Handle h = world.Irecv(verdict.data(), verdict.size(), 0, kVerdictTag);
+  const auto verdict_deadline = deadline + patience;
+  while (std::chrono::steady_clock::now() < verdict_deadline) {
+    if (world.Test(h)) return std::string(verdict.data());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return "rank(s) [0] stopped responding: " + silence +
+         "; the process died, was killed, or hangs. The job cannot continue";
+}
 
 Engine::Engine(std::unique_ptr<Context> ctx)
     : ctx_(std::move(ctx)), cache_(ctx_->config.cache_capacity), executor_(*ctx_) {
@@ -119,8 +181,12 @@ void Engine::Loop() {
     while (RunCycle()) {
     }
   } catch (const std::exception& e) {
-    FailAll(Status::Aborted(std::string("keras_ddl communication failed: ") + e.what() +
-                            OnRank(ctx_->rank)));
+    if (dynamic_cast<const PeerTimeout*>(&e)) peer_failure_seen = true;
+    std::string message = std::string("keras_ddl communication failed: ") + e.what() +
+                          "; a rank may have died" + OnRank(ctx_->rank);
+    std::fprintf(stderr, "[keras_ddl] %s\n", message.c_str());
+    std::fflush(stderr);
+    FailAll(Status::Aborted(message));
   }
 }
 
@@ -157,7 +223,16 @@ bool Engine::RunCycle() {
     words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
     words[1 + slot_words + slot / 64] &= ~(uint64_t(1) << (slot % 64));
   }
-  ctx_->world->AllreduceBitwiseAnd(words, pending_.empty() && !shutdown_requested_);
+  try {
+    ctx_->world->AllreduceBitwiseAnd(words, pending_.empty() && !shutdown_requested_);
+  } catch (const PeerTimeout&) {
+    peer_failure_seen = true;
+    std::string verdict = DiagnoseSilentPeers() + OnRank(ctx_->rank);
+    std::fprintf(stderr, "[keras_ddl] %s\n", verdict.c_str());
+    std::fflush(stderr);
+    FailAll(Status::Aborted(verdict));
+    return false;
+  }
   const bool exchange = !(words[0] & kFlagHasRequests) || !(words[0] & kFlagCoordinator);
   const bool shutdown = !(words[0] & kFlagShutdown);
 

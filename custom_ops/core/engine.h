@@ -43,6 +43,10 @@ class Engine {
   // this rank's thread. In-flight works fail with an Aborted status.
   void Shutdown();
 
+  // True once any engine in this process stopped because a peer went
+  // silent (died or hung); the process should then end the whole job.
+  static bool PeerFailureSeen();
+
  private:
   struct Pending {
     Work work;
@@ -56,6 +60,10 @@ class Engine {
   Status Validate(const Work& work) const;
   void Admit(Work work);
   void FailAll(const Status& status);
+  // After a negotiation timeout: finds out which ranks are silent (rank 0
+  // collects probes from the live ranks and tells them) and returns the
+  // message every live rank reports.
+  std::string DiagnoseSilentPeers();
 
   std::unique_ptr<Context> ctx_;
   ResponseCache cache_;

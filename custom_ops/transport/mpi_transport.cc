@@ -35,6 +35,15 @@ MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  MPI_Group group, world_group;
+  MPI_Comm_group(comm_, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  std::vector<int> mine(size_);
+  for (int r = 0; r < size_; ++r) mine[r] = r;
+  world_ranks_.resize(size_);
+  MPI_Group_translate_ranks(group, size_, mine.data(), world_group, world_ranks_.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
 }
 
 MpiTransport::~MpiTransport() {
@@ -43,14 +52,16 @@ MpiTransport::~MpiTransport() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-Transport::Handle MpiTransport::Track(MPI_Request request) {
+Transport::Handle MpiTransport::Track(MPI_Request request, int peer) {
   if (!free_handles_.empty()) {
     Handle h = free_handles_.back();
     free_handles_.pop_back();
     requests_[h] = request;
+    peers_[h] = peer;
     return h;
   }
   requests_.push_back(request);
+  peers_.push_back(peer);
   return static_cast<Handle>(requests_.size() - 1);
 }
 
@@ -58,22 +69,29 @@ Transport::Handle MpiTransport::Isend(const void* data, size_t bytes, int peer, 
   MPI_Request request;
   Check(MPI_Isend(data, CheckedCount(bytes, "send"), MPI_BYTE, peer, tag, comm_, &request),
         "MPI_Isend");
-  return Track(request);
+  return Track(request, peer);
 }
 
 Transport::Handle MpiTransport::Irecv(void* data, size_t bytes, int peer, int tag) {
   MPI_Request request;
   Check(MPI_Irecv(data, CheckedCount(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &request),
         "MPI_Irecv");
-  return Track(request);
+  return Track(request, peer);
 }
 
 void MpiTransport::Wait(Handle handle) {
-  WaitRequest(&requests_[handle], "point-to-point message");
+  WaitRequest(&requests_[handle], "a message with rank " + std::to_string(world_ranks_[peers_[handle]]));
   free_handles_.push_back(handle);
 }
 
-void MpiTransport::WaitRequest(MPI_Request* request, const char* what, bool idle) {
+bool MpiTransport::Test(Handle handle) {
+  int done = 0;
+  Check(MPI_Test(&requests_[handle], &done, MPI_STATUS_IGNORE), "MPI_Test");
+  if (done) free_handles_.push_back(handle);
+  return done != 0;
+}
+
+void MpiTransport::WaitRequest(MPI_Request* request, const std::string& what, bool idle) {
   // Polling keeps the progress engine moving; the spin covers the common
   // case where the peer is already there. After that we yield (another rank
   // may share this core) and finally sleep, doubling up to 1 ms, so an idle
@@ -84,10 +102,17 @@ void MpiTransport::WaitRequest(MPI_Request* request, const char* what, bool idle
   // MPI_Test calls to progress the collective it is waiting on.
   auto sleep_for = std::chrono::microseconds(20);
   const auto kMaxSleep = std::chrono::microseconds(idle ? 200 : 1000);
+  const auto start = std::chrono::steady_clock::now();
   for (int polls = 0;; ++polls) {
     int done = 0;
-    Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what.c_str());
     if (done) return;
+    if (peer_timeout_s_ > 0 && (polls & 63) == 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+            peer_timeout_s_) {
+      throw PeerTimeout("no progress for " + std::to_string(static_cast<int>(peer_timeout_s_)) +
+                        " s waiting for " + what);
+    }
     if (polls < kSpinPolls) continue;
     if (polls < kSpinPolls + kYieldPolls) {
       sched_yield();

@@ -26,6 +26,8 @@ class MpiTransport : public Transport {
   Handle Isend(const void* data, size_t bytes, int peer, int tag) override;
   Handle Irecv(void* data, size_t bytes, int peer, int tag) override;
   void Wait(Handle handle) override;
+  // True once the message completed (the handle is then released).
+  bool Test(Handle handle);
   size_t MaxMessageBytes() const override { return kMaxMessageBytes; }
 
   // Negotiation collectives (every rank of the communicator calls them).
@@ -42,17 +44,34 @@ class MpiTransport : public Transport {
                   const std::vector<size_t>& bytes_per_rank);
 
   MPI_Comm comm() const { return comm_; }
+  // Rank in MPI_COMM_WORLD of this communicator's rank `r`.
+  int WorldRank(int r) const { return world_ranks_[r]; }
+
+  // A wait that sees no progress for this long throws PeerTimeout
+  // (0 = wait forever). Peers' engines always poll, so silence this long
+  // means a peer died or hung, not that it is busy.
+  void SetPeerTimeout(double seconds) { peer_timeout_s_ = seconds; }
+  double peer_timeout() const { return peer_timeout_s_; }
 
  private:
   static constexpr size_t kMaxMessageBytes = size_t(1) << 30;
-  void WaitRequest(MPI_Request* request, const char* what, bool idle = false);
-  Handle Track(MPI_Request request);
+  void WaitRequest(MPI_Request* request, const std::string& what, bool idle = false);
+  Handle Track(MPI_Request request, int peer);
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_ranks_;
+  double peer_timeout_s_ = 0;
   std::vector<MPI_Request> requests_;
+  std::vector<int> peers_;  // peer of each in-flight handle
   std::vector<Handle> free_handles_;
+};
+
+// No progress within the peer timeout; the message names what was awaited.
+class PeerTimeout : public TransportError {
+ public:
+  using TransportError::TransportError;
 };
 
 // Wraps an MPI error code into a readable message.

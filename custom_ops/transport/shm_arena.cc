@@ -28,6 +28,7 @@ std::unique_ptr<ShmArena> ShmArena::Create(MpiTransport& node, const std::string
   std::unique_ptr<ShmArena> arena(new ShmArena());
   arena->rank_ = node.rank();
   arena->size_ = node.size();
+  for (int r = 0; r < arena->size_; ++r) arena->world_ranks_.push_back(node.WorldRank(r));
   arena->slots_per_rank_ = slots_per_rank;
   arena->slot_bytes_ = RoundUp(slot_bytes, kPage);
   const size_t counter_bytes =
@@ -97,7 +98,15 @@ void ShmArena::WaitForAll(Counter counter, uint64_t value) {
   for (int r = 0; r < size_; ++r) {
     std::atomic<uint64_t>* c = CounterOf(r, counter);
     auto sleep = std::chrono::microseconds(20);
+    const auto start = std::chrono::steady_clock::now();
     for (int polls = 0; c->load(std::memory_order_acquire) < value; ++polls) {
+      if (peer_timeout_s_ > 0 && (polls & 255) == 0 &&
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+              peer_timeout_s_) {
+        throw PeerTimeout("no progress for " + std::to_string(static_cast<int>(peer_timeout_s_)) +
+                          " s waiting for rank " + std::to_string(world_ranks_[r]) +
+                          " in node shared memory");
+      }
       // Peers on other cores usually arrive within microseconds: spin a
       // little; if they do not, they may need this core: yield, then sleep.
       if (polls < 4000) continue;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mpi_transport.h"
 
@@ -35,6 +36,9 @@ class ShmArena {
     return slots_ + (static_cast<size_t>(rank) * slots_per_rank_ + slot) * slot_bytes_;
   }
 
+  // See MpiTransport::SetPeerTimeout; WaitForAll throws PeerTimeout.
+  void SetPeerTimeout(double seconds) { peer_timeout_s_ = seconds; }
+
   void Publish(Counter counter, uint64_t value);
   // Returns once every rank's `counter` is >= value.
   void WaitForAll(Counter counter, uint64_t value);
@@ -45,6 +49,8 @@ class ShmArena {
 
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_ranks_;
+  double peer_timeout_s_ = 0;
   int slots_per_rank_ = 0;
   size_t slot_bytes_ = 0;
   void* base_ = nullptr;

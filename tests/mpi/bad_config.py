@@ -21,6 +21,8 @@ BAD_VALUES = [
     ("DDL_STALL_WARNING_S", "nan"),
     ("DDL_STALL_TIMEOUT_S", "-5"),
     ("DDL_CACHE_CAPACITY", "many"),
+    ("DDL_PEER_TIMEOUT_S", "soon"),
+    ("DDL_TIMELINE", "/nonexistent/dir/trace.json"),
 ]
 
 

@@ -1,0 +1,46 @@
+"""Failure modes for tests/test_failures_mpi.py (argv[1] picks one):
+
+hang   rank 1 stops itself (SIGSTOP) mid-training: the others must name it
+kill   rank 1 is killed (SIGKILL) mid-training: the job must end non-zero
+stall  rank 1 skips one named collective: a stall warning, then an error
+       on every rank naming the tensor and the missing rank
+"""
+
+import os
+import signal
+import sys
+import time
+
+import tensorflow as tf
+
+import keras_ddl as ddl
+
+mode = sys.argv[1]
+rank = ddl.rank()
+
+
+def say(text):
+    sys.stdout.write(f"RANK {rank} {text}\n")
+    sys.stdout.flush()
+
+
+try:
+    start = time.time()
+    for step in range(1000000):
+        ddl.allreduce(tf.ones([256]), name=f"step.{step % 4}")
+        if step == 20:
+            if mode == "stall":
+                if rank != 1:
+                    ddl.allreduce(tf.ones([8]), name="skipped.by.rank1")
+                ddl.allreduce(tf.ones([8]), name="after.skip")
+                say("stall not detected")
+                sys.exit(3)
+            if rank == 1 and mode == "hang":
+                say("stopping")
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if rank == 1 and mode == "kill":
+                say("killed")
+                os.kill(os.getpid(), signal.SIGKILL)
+except Exception as e:
+    say(f"ERROR {type(e).__name__} after {time.time() - start:.1f}s: {e}")
+    sys.exit(1)
