@@ -13,6 +13,18 @@ def parse(argv):
     ar.add_argument("--reps", type=int, default=7, help="interleaved repetitions per size")
     ar.add_argument("--skip-resnet", action="store_true", help="skip the gradient-list table")
     ar.add_argument("--json", help="also write the results to this JSON file")
+    mo = sub.add_parser("model", help="alpha-beta scaling model: predicted efficiency at "
+                                      "8 ... 1024 GPUs vs published points (no launcher needed)")
+    from . import model
+    model.add_arguments(mo)
+    fit = sub.add_parser("fit", help="model.fit step time: DDLStrategy vs plain Keras "
+                                     "(one process), weak scaling (N ranks)")
+    fit.add_argument("--batch", type=int, default=16, help="per-rank batch size")
+    fit.add_argument("--steps", type=int, default=8, help="steps per timed fit")
+    fit.add_argument("--reps", type=int, default=7, help="interleaved repetitions")
+    fit.add_argument("--threads", type=int, default=1,
+                     help="TensorFlow intra-op and inter-op threads per process")
+    fit.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if getattr(args, "reps", 1) < 1:
         parser.error("--reps must be >= 1")
@@ -24,6 +36,12 @@ def main(argv=None):
     if args.command == "allreduce":
         from . import allreduce
         allreduce.main(args)
+    elif args.command == "fit":
+        from . import fit
+        fit.main(args)
+    elif args.command == "model":
+        from . import model
+        model.main(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,971 @@
+"""Alpha-beta scaling model of synchronous data-parallel training.
+
+``python -m keras_ddl.bench model`` predicts the scaling efficiency of one
+training step at 8 ... 1024 GPUs from
+
+* the cost of an allreduce under the alpha-beta model (a message of m bytes
+  over a link costs ``alpha + m * beta``, ``beta = 1 / bandwidth``) for the
+  flat ring, recursive halving-doubling and the hierarchical algorithm
+  (intra-node reduce-scatter, cross-node allreduce, intra-node all-gather),
+  with separate intra-node and inter-node links;
+* per-GPU compute time per step and the gradient list of ResNet-50 /
+  ResNet-101 (tensor sizes and the point in the backward pass where each
+  gradient becomes ready, derived from the architecture);
+* overlap of communication with the backward pass, fusion of gradients into
+  calls, a fixed software cost per call, negotiation and host staging.
+
+Efficiency is ``t_compute / (t_compute + exposed_comm)``. Every parameter
+of a system lives in its ``System`` record in SYSTEMS (printed by the
+command); docs/scaling_model.md gives the assumptions and the sources.
+
+This module needs only the standard library (numpy and mpi4py for
+``--calibrate``, matplotlib for the plot, all imported lazily), so the model
+runs anywhere, without TensorFlow or a launcher.
+"""
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+GB = 1e9          # bandwidths are in decimal GB/s, as vendors and nccl-tests quote them
+US = 1e-6
+MS = 1e-3
+FP32 = 4          # bytes per gradient element
+
+DEFAULT_GPUS = [8, 16, 32, 64, 128, 256, 512, 1024]
+ALGORITHMS = ("ring", "halving_doubling", "hierarchical")
+
+
+# ---------------------------------------------------------------------------
+# Links and the cost of one allreduce
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Link:
+    """One hop: ``alpha`` seconds per message plus ``bytes / bandwidth``.
+
+    ``bandwidth`` is per direction. For the inter-node link it is what one
+    node's network interface sustains; ranks of a node that send across nodes
+    at the same time share it.
+    """
+    alpha: float
+    bandwidth: float
+
+    @property
+    def beta(self):
+        return 1.0 / self.bandwidth
+
+    def cost(self, nbytes, flows=1):
+        """One message of nbytes while ``flows`` messages share the link."""
+        return self.alpha + nbytes * flows * self.beta
+
+
+def _check(n, nbytes):
+    if int(n) != n or n < 1:
+        raise ValueError(f"number of ranks must be a positive integer, got {n}")
+    if nbytes < 0:
+        raise ValueError(f"message size must be >= 0 bytes, got {nbytes}")
+
+
+def ring_allreduce(n, nbytes, link):
+    """Ring on n ranks over identical links: a reduce-scatter and an
+    all-gather of n-1 steps each, every step moving nbytes/n per rank."""
+    _check(n, nbytes)
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * link.cost(nbytes / n)
+
+
+def ring_reduce_scatter(n, nbytes, link, flows=1):
+    """Half of the ring allreduce (the all-gather costs the same)."""
+    _check(n, nbytes)
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.cost(nbytes / n, flows)
+
+
+def _halving_doubling_steps(n):
+    """Exchange partners' distances of recursive halving (the doubling phase
+    mirrors them), and whether n needs the non-power-of-two fold."""
+    p = 1 << (int(n).bit_length() - 1)
+    distances = []
+    d = 1
+    while d < p:
+        distances.append(d)
+        d *= 2
+    return distances, p != n
+
+
+def halving_doubling_allreduce(n, nbytes, link):
+    """Recursive halving reduce-scatter + recursive doubling all-gather
+    (Rabenseifner): 2*log2(n) steps; step k of each phase moves nbytes/2^k.
+    Total: ``2*log2(n)*alpha + 2*(n-1)/n*nbytes*beta`` for a power of two.
+    Other n first fold the extra ranks into a power of two and unfold them at
+    the end (two more full-size messages)."""
+    _check(n, nbytes)
+    if n == 1:
+        return 0.0
+    distances, fold = _halving_doubling_steps(n)
+    t = 0.0
+    m = float(nbytes)
+    for _ in distances:
+        m /= 2
+        t += 2 * link.cost(m)
+    if fold:
+        t += 2 * link.cost(nbytes)
+    return t
+
+
+def _nodes(n, local):
+    if local < 1:
+        raise ValueError(f"ranks per node must be >= 1, got {local}")
+    if n <= local:
+        return 1, n
+    if n % local:
+        raise ValueError(f"{n} ranks do not fill nodes of {local}")
+    return n // local, local
+
+
+def flat_ring(n, local, nbytes, intra, inter):
+    """One ring over all n ranks, ordered node by node. Each step every rank
+    sends nbytes/n to its successor at once; the step ends when the slowest
+    hop does. Across nodes each node has one outgoing ring hop, so its
+    network link carries one message per step."""
+    _check(n, nbytes)
+    nodes, per_node = _nodes(n, local)
+    if n == 1:
+        return 0.0
+    if nodes == 1:
+        return ring_allreduce(n, nbytes, intra)
+    step = max(intra.cost(nbytes / n), inter.cost(nbytes / n))
+    return 2 * (n - 1) * step
+
+
+def flat_halving_doubling(n, local, nbytes, intra, inter):
+    """Halving-doubling over all n ranks with node-contiguous rank numbers
+    and partner distance growing 1, 2, 4, ...: exchanges at distance < ranks
+    per node stay in the node; the others cross the network, all ranks of a
+    node at once, so they share the node's link."""
+    _check(n, nbytes)
+    nodes, per_node = _nodes(n, local)
+    if n == 1:
+        return 0.0
+    if nodes == 1:
+        return halving_doubling_allreduce(n, nbytes, intra)
+    distances, fold = _halving_doubling_steps(n)
+    t = 0.0
+    m = float(nbytes)
+    for d in distances:
+        m /= 2
+        hop = intra.cost(m) if d < per_node else inter.cost(m, flows=per_node)
+        t += 2 * hop
+    if fold:
+        t += 2 * inter.cost(nbytes, flows=per_node)
+    return t
+
+
+def _two_factors(n):
+    """n = a * b with a <= b as close as possible (a 2-D arrangement)."""
+    a = int(math.isqrt(n))
+    while n % a:
+        a -= 1
+    return a, n // a
+
+
+def multi_ring_allreduce(n, nbytes, link):
+    """Rings along the two dimensions of an a x b arrangement of the n ranks
+    (a multi-ring / 2-D torus schedule): reduce-scatter along a, then along b
+    on the 1/a shard, then the two all-gathers. Same bytes as one ring,
+    ``2*(a+b-2)`` latencies instead of ``2*(n-1)``."""
+    _check(n, nbytes)
+    if n == 1:
+        return 0.0
+    a, b = _two_factors(n)
+    t = ring_reduce_scatter(a, nbytes, link) if a > 1 else 0.0
+    t += ring_reduce_scatter(b, nbytes / a, link) if b > 1 else 0.0
+    return 2 * t
+
+
+CROSS_ALGORITHMS = {"ring": ring_allreduce, "halving_doubling": halving_doubling_allreduce,
+                    "multi_ring": multi_ring_allreduce}
+
+
+def hierarchical(n, local, nbytes, intra, inter, cross="ring"):
+    """Intra-node reduce-scatter over the L ranks of a node, cross-node
+    allreduce of each rank's nbytes/L shard among the ranks with the same
+    local rank (L such allreduces run at once and share each node's link),
+    intra-node all-gather. ``cross`` names the cross-node algorithm, a key
+    of CROSS_ALGORITHMS."""
+    _check(n, nbytes)
+    nodes, per_node = _nodes(n, local)
+    if n == 1:
+        return 0.0
+    t = 2 * ring_reduce_scatter(per_node, nbytes, intra)
+    if nodes > 1:
+        shard = nbytes / per_node
+        shared = Link(inter.alpha, inter.bandwidth / per_node)
+        if cross not in CROSS_ALGORITHMS:
+            raise ValueError(f"unknown cross-node algorithm {cross!r}")
+        t += CROSS_ALGORITHMS[cross](nodes, shard, shared)
+    return t
+
+
+def allreduce_time(algorithm, n, local, nbytes, intra, inter, cross="ring"):
+    """Seconds for one allreduce of nbytes on n ranks, local ranks per node."""
+    if algorithm == "ring":
+        return flat_ring(n, local, nbytes, intra, inter)
+    if algorithm == "halving_doubling":
+        return flat_halving_doubling(n, local, nbytes, intra, inter)
+    if algorithm == "hierarchical":
+        return hierarchical(n, local, nbytes, intra, inter, cross=cross)
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+
+
+# ---------------------------------------------------------------------------
+# Workloads: gradient tensors of ResNet-50 / ResNet-101 and when they are ready
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    nbytes: int
+    ready: float      # fraction of the backward pass done when this gradient exists
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    params: int
+    macs: int         # multiply-accumulates of one forward pass of one image
+    tensors: tuple    # Tensor, in the order the backward pass produces them
+
+    @property
+    def nbytes(self):
+        return self.params * FP32
+
+
+_RESNET_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
+
+
+def _resnet_layers(depth, classes, size=224):
+    """(name, weight shape elements, output channels, forward MACs) of every
+    layer of ResNet v1 (He et al. 2016, bottleneck blocks, stride on the
+    first 1x1 of a block as in the original Caffe model and Keras' ResNet50;
+    convolutions without bias, each followed by batch norm)."""
+    layers = []
+    h = size // 2
+    layers.append(("conv1", 7 * 7 * 3 * 64, 64, 7 * 7 * 3 * 64 * h * h))
+    h //= 2  # 3x3/2 max pool
+    cin = 64
+    for stage, (blocks, mid) in enumerate(zip(_RESNET_BLOCKS[depth], (64, 128, 256, 512))):
+        out = 4 * mid
+        for b in range(blocks):
+            ho = h // 2 if (b == 0 and stage > 0) else h
+            prefix = f"res{stage + 2}.{b}"
+            layers.append((prefix + ".a", cin * mid, mid, cin * mid * ho * ho))
+            layers.append((prefix + ".b", 9 * mid * mid, mid, 9 * mid * mid * ho * ho))
+            layers.append((prefix + ".c", mid * out, out, mid * out * ho * ho))
+            if b == 0:
+                layers.append((prefix + ".proj", cin * out, out, cin * out * ho * ho))
+            cin, h = out, ho
+    layers.append(("fc", cin * classes, None, cin * classes))
+    return layers
+
+
+def resnet(depth, classes=1000, name=None):
+    """The gradient list of a ResNet, in backward order, with ready times.
+
+    Assumption (stated in docs/scaling_model.md): the backward pass visits
+    layers in reverse and spends time in proportion to each layer's MACs;
+    a layer's weight gradient (and its batch-norm gradients) is ready when
+    the backward pass has finished that layer."""
+    layers = _resnet_layers(depth, classes)
+    total = sum(l[3] for l in layers)
+    done = 0
+    tensors = []
+    params = 0
+    for lname, weights, channels, macs in reversed(layers):
+        done += macs
+        ready = done / total
+        if channels is None:  # fully connected: weight and bias
+            parts = [(lname + ".w", weights), (lname + ".b", classes)]
+        else:
+            parts = [(lname + ".w", weights), (lname + ".bn.gamma", channels),
+                     (lname + ".bn.beta", channels)]
+        for pname, count in parts:
+            tensors.append(Tensor(pname, count * FP32, ready))
+            params += count
+    return Workload(name or f"resnet{depth}", params, total, tuple(tensors))
+
+
+@functools.lru_cache(maxsize=None)
+def workload(name):
+    """resnet50, resnet101 (1000 classes) or resnet101-22k (21841 classes,
+    the ImageNet-22k model of the PowerAI DDL run)."""
+    if name == "resnet50":
+        return resnet(50)
+    if name == "resnet101":
+        return resnet(101)
+    if name in ("resnet101-22k", "resnet101_22k"):
+        return resnet(101, classes=21841, name="resnet101-22k")
+    raise ValueError(f"unknown model {name!r}; choose resnet50, resnet101 or resnet101-22k")
+
+
+MODELS = ("resnet50", "resnet101", "resnet101-22k")
+
+
+# ---------------------------------------------------------------------------
+# Systems: one set of parameters per machine / software stack
+# ---------------------------------------------------------------------------
+
+# Of the communication that an ideal schedule would hide behind the backward
+# pass, this fraction is actually hidden; the rest lengthens the step. It
+# stands for everything the alpha-beta terms leave out while communication
+# and backward compute run together: both use the GPU's memory system and
+# SMs, the PCIe link and the host CPU, and calls wait for the framework to
+# schedule them. One value for every system; docs/scaling_model.md shows how
+# the predictions move with it and what value each published point needs.
+OVERLAP_FRACTION = 0.7
+
+FUSION_POLICIES = ("tensor", "layer", "cycle", "single")
+
+
+@dataclass(frozen=True)
+class System:
+    """Everything the model knows about one cluster and its software."""
+    name: str
+    description: str
+    gpus_per_node: int
+    intra: Link                 # between ranks of one node
+    inter: Link                 # one node's network link (shared by its ranks)
+    resnet50_step: float        # s: one GPU's forward+backward+update, ResNet-50, batch_per_gpu
+    batch_per_gpu: int
+    algorithm: str = "hierarchical"
+    cross: str = "ring"         # cross-node algorithm inside "hierarchical"
+    staging: Link = None        # device<->host copy of each call's bytes, both ways, when
+                                # the job spans nodes (None: the network reads device memory)
+    staging_in_node: bool = False   # the copy is needed inside a node too (host-memory kernels)
+    call_overhead: float = 50 * US   # per collective call: dispatch, stream sync, launches
+    fusion: str = "layer"       # "tensor": a call per gradient tensor; "layer": per layer;
+                                # "cycle": what became ready in one cycle, up to fusion_bytes;
+                                # "single": one call for all gradients after the backward pass
+    fusion_bytes: int = 0
+    cycle: float = 0.0
+    negotiation: bool = False   # each call first agrees on what is ready (2*log2(n) latencies)
+    backward_fraction: float = 2 / 3
+    overlap_fraction: float = OVERLAP_FRACTION
+    sources: tuple = ()
+
+    def step_compute(self, work):
+        """Per-GPU compute time of one step: the ResNet-50 figure scaled by
+        forward MACs (same batch per GPU, same efficiency per MAC)."""
+        return self.resnet50_step * work.macs / RESNET50_MACS
+
+    def with_(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def summary(self):
+        d = dataclasses.asdict(self)
+        d.pop("sources")
+        return d
+
+
+RESNET50_MACS = resnet(50).macs
+
+# ~230 img/s per P100 for ResNet-50 at batch 32: TensorFlow's published
+# DGX-1 (P100) figure is 238 img/s at batch 64 (see docs/scaling_model.md).
+P100_RESNET50_STEP = 32 / 230.0
+
+# This machine's shared-memory link by default, from BENCHMARKS.md: a numpy
+# copy of 64 MB takes ~8 ms here (one core); MPICH's shared-memory latency is
+# of the order of a microsecond. ``--calibrate`` measures both.
+LOCAL_SHM_DEFAULT = Link(alpha=1.0 * US, bandwidth=64 * 2**20 / (8 * MS))
+
+SYSTEMS = {
+    "goyal2017": System(
+        name="goyal2017",
+        description="Goyal et al. 2017: Big Basin servers, 8 P100 (NVLink) each, "
+                    "50 Gbit/s Ethernet; Caffe2, NCCL in a server, Gloo halving-doubling "
+                    "across servers",
+        gpus_per_node=8,
+        intra=Link(alpha=5 * US, bandwidth=20 * GB),       # one NVLink 1.0 link per direction
+        inter=Link(alpha=30 * US, bandwidth=5.0 * GB),     # 50 Gb/s = 6.25 GB/s line, TCP ~80%
+        staging=Link(alpha=10 * US, bandwidth=12 * GB),    # Gloo's host buffers, PCIe 3.0 x16
+        resnet50_step=29 * 3600 / (90 * 1281167 / 256),    # 29 h for 90 epochs on 8 GPUs
+        batch_per_gpu=32,
+        algorithm="hierarchical", cross="halving_doubling", fusion="layer",
+        sources=("Goyal et al. 2017, arXiv:1706.02677: ~90% scaling efficiency from 8 to "
+                 "256 GPUs; ResNet-50, batch 8192 on 256 GPUs in one hour",
+                 "NVIDIA news 'Facebook trains ImageNet in 1 hour': 29 h -> 1 h, Big Basin "
+                 "with 8 P100 on NVLink, NCCL for the local reduction")),
+    "powerai_ddl2017": System(
+        name="powerai_ddl2017",
+        description="Cho et al. 2017 (PowerAI DDL): S822LC 'Minsky' servers, 4 P100 (NVLink) "
+                    "each, 100 Gb/s EDR InfiniBand; Caffe + DDL multi-ring",
+        gpus_per_node=4,
+        intra=Link(alpha=5 * US, bandwidth=20 * GB),       # NVLink 1.0 pairs + X-bus ring
+        inter=Link(alpha=5 * US, bandwidth=11 * GB),       # EDR 12.5 GB/s line, MPI ~88%
+        staging=Link(alpha=10 * US, bandwidth=32 * GB),    # GPU <-> POWER8 over NVLink
+        resnet50_step=P100_RESNET50_STEP,
+        batch_per_gpu=32,
+        algorithm="hierarchical", cross="multi_ring", fusion="layer",
+        sources=("Cho et al. 2017, arXiv:1708.02188: 64 S822LC servers, 256 P100, "
+                 "multi-ring communication; ResNet-101 / ImageNet-22k in ~7 h",
+                 "IBM Research blog (Hunter, Aug 2017): 95% scaling efficiency with Caffe on "
+                 "256 GPUs in 64 Power systems; Facebook 89% with Caffe2",
+                 "IBM Systems blog 'Scaling TensorFlow and Caffe to 256 GPUs': ResNet-101 / "
+                 "ImageNet-22k 16 days on one 4-GPU server, 7 h on 64",
+                 "TensorFlow 1.x benchmarks page: DGX-1 P100, ResNet-50 238 img/s per GPU "
+                 "at batch 64")),
+    "keras_ddl": System(
+        name="keras_ddl",
+        description="keras_ddl as built today on GPU servers: CPU kernels (GPU tensors "
+                    "staged through host memory), shared memory in a node, ring over MPI "
+                    "across nodes on 100 Gb/s EDR InfiniBand",
+        gpus_per_node=8,
+        intra=LOCAL_SHM_DEFAULT,
+        inter=Link(alpha=3 * US, bandwidth=12 * GB),
+        staging=Link(alpha=10 * US, bandwidth=10 * GB),    # PCIe 3.0 x16 per GPU
+        staging_in_node=True,
+        resnet50_step=P100_RESNET50_STEP,
+        batch_per_gpu=32,
+        algorithm="hierarchical", cross="ring",
+        fusion="cycle", fusion_bytes=64 * 2**20, cycle=1 * MS, negotiation=True,
+        sources=("BENCHMARKS.md: numpy copy of 64 MB ~8 ms on these machines",
+                 "README: DDL_FUSION_THRESHOLD_MB=64, DDL_CYCLE_TIME_MS=1, hierarchical = "
+                 "shared memory in a node + ring across nodes")),
+}
+
+
+# ---------------------------------------------------------------------------
+# One training step: buckets, the communication stream, exposed time
+# ---------------------------------------------------------------------------
+
+def buckets(system, work, t_compute):
+    """[(ready_time, nbytes)] of the collective calls of one step, in order.
+
+    Time 0 is the start of the step; the backward pass occupies the last
+    ``backward_fraction`` of ``t_compute``."""
+    t_back0 = (1 - system.backward_fraction) * t_compute
+    timed = [(t_back0 + t.ready * system.backward_fraction * t_compute, t.nbytes)
+             for t in work.tensors]
+    policy = system.fusion
+    if policy == "tensor":
+        return timed
+    if policy == "single":
+        return [(t_compute, sum(b for _, b in timed))]
+    if policy == "layer":
+        out = []
+        for ready, nbytes in timed:
+            if out and out[-1][0] == ready:
+                out[-1] = (ready, out[-1][1] + nbytes)
+            else:
+                out.append((ready, nbytes))
+        return out
+    if policy == "cycle":
+        if system.cycle <= 0:
+            raise ValueError("fusion='cycle' needs cycle > 0")
+        groups = {}
+        for ready, nbytes in timed:
+            tick = math.ceil(ready / system.cycle - 1e-9) * system.cycle
+            groups.setdefault(tick, []).append(nbytes)
+        out = []
+        limit = system.fusion_bytes
+        for tick in sorted(groups):
+            size = 0
+            for nbytes in groups[tick]:
+                if size and limit and size + nbytes > limit:
+                    out.append((tick, size))
+                    size = 0
+                size += nbytes
+            out.append((tick, size))
+        return out
+    raise ValueError(f"unknown fusion policy {policy!r}; choose from {', '.join(FUSION_POLICIES)}")
+
+
+def call_time(system, algorithm, n, nbytes):
+    """One collective call on its own: software overhead, negotiation,
+    staging copies and the allreduce itself."""
+    if n == 1:
+        return 0.0
+    nodes = max(1, n // system.gpus_per_node)
+    t = system.call_overhead
+    t += allreduce_time(algorithm, n, system.gpus_per_node, nbytes, system.intra,
+                        system.inter, cross=system.cross)
+    if system.negotiation:
+        link = system.inter if nodes > 1 else system.intra
+        t += 2 * math.ceil(math.log2(n)) * link.alpha
+    if system.staging is not None and (nodes > 1 or system.staging_in_node):
+        t += 2 * system.staging.cost(nbytes)
+    return t
+
+
+@dataclass
+class StepResult:
+    gpus: int
+    nodes: int
+    algorithm: str
+    calls: int
+    t_compute: float
+    t_comm: float       # standalone durations of all collective calls of the step, summed
+    exposed: float      # communication time left after the backward pass ends
+    allreduce_once: float   # the whole gradient in one call, for reference
+    tail: float = 0.0       # ideal schedule: communication after the backward pass
+    hideable: float = 0.0   # ideal schedule: communication during the backward pass
+
+    def exposed_at(self, overlap_fraction):
+        """Exposed time for another overlap fraction (same schedule)."""
+        if self.gpus == 1:
+            return 0.0
+        return self.tail + (1 - overlap_fraction) * self.hideable
+
+    def efficiency_at(self, overlap_fraction):
+        return self.t_compute / (self.t_compute + self.exposed_at(overlap_fraction))
+
+    @property
+    def efficiency(self):
+        return self.t_compute / (self.t_compute + self.exposed)
+
+    def row(self):
+        return {"gpus": self.gpus, "nodes": self.nodes, "algorithm": self.algorithm,
+                "calls": self.calls, "t_compute_ms": self.t_compute / MS,
+                "t_comm_ms": self.t_comm / MS, "exposed_ms": self.exposed / MS,
+                "allreduce_ms": self.allreduce_once / MS, "efficiency": self.efficiency}
+
+
+def simulate_step(system, work, n, algorithm=None):
+    """One training step on n GPUs.
+
+    The collective calls run through one communication stream, one at a
+    time, in the order they become ready (as in keras_ddl's background
+    thread); a call starts when it is ready and the previous one is done.
+    In that ideal schedule, the part of the communication that runs before
+    the backward pass ends is hideable; ``overlap_fraction`` of it is
+    hidden and the rest is exposed, together with everything that runs
+    after the backward pass."""
+    algorithm = algorithm or system.algorithm
+    t_compute = system.step_compute(work)
+    nodes = max(1, n // system.gpus_per_node)
+    calls = buckets(system, work, t_compute)
+    end = 0.0
+    busy = 0.0
+    for ready, nbytes in calls:
+        d = call_time(system, algorithm, n, nbytes)
+        end = max(end, ready) + d
+        busy += d
+    tail = max(0.0, end - t_compute)
+    hideable = busy - tail
+    exposed = tail + (1 - system.overlap_fraction) * hideable if n > 1 else 0.0
+    once = call_time(system, algorithm, n, work.nbytes)
+    return StepResult(n, nodes, algorithm, len(calls), t_compute, busy, exposed, once,
+                      tail, hideable)
+
+
+def predict(system, work, gpus, algorithms=ALGORITHMS):
+    return [simulate_step(system, work, n, a) for n in gpus for a in algorithms]
+
+
+# ---------------------------------------------------------------------------
+# Published points
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PublishedPoint:
+    label: str
+    system: str
+    model: str
+    gpus: int
+    baseline_gpus: int    # the published efficiency is relative to this many GPUs (one server)
+    efficiency: float
+    source: str
+
+
+PUBLISHED = (
+    PublishedPoint("Goyal et al. 2017, ResNet-50, batch 8192", "goyal2017", "resnet50",
+                   256, 8, 0.90,
+                   "arXiv:1706.02677 abstract: ~90% scaling efficiency from 8 to 256 GPUs"),
+    PublishedPoint("PowerAI DDL 2017, ResNet-50 (Caffe)", "powerai_ddl2017", "resnet50",
+                   256, 4, 0.95,
+                   "IBM Research blog, Aug 2017 / arXiv:1708.02188: 95% on 256 GPUs"),
+    PublishedPoint("PowerAI DDL 2017, ResNet-101, ImageNet-22k", "powerai_ddl2017",
+                   "resnet101-22k", 256, 4, 0.88,
+                   "arXiv:1708.02188: 88% on 256 GPUs (16 days on 4 GPUs -> 7 h on 256)"),
+)
+
+
+def compare_published(systems=None, points=PUBLISHED):
+    """Predicted vs published efficiency, relative to one server as the
+    papers report it: ``efficiency(gpus) / efficiency(baseline_gpus)``."""
+    systems = systems or SYSTEMS
+    rows = []
+    for p in points:
+        system = systems[p.system]
+        work = workload(p.model)
+        at = simulate_step(system, work, p.gpus)
+        base = simulate_step(system, work, p.baseline_gpus)
+        predicted = at.efficiency / base.efficiency
+        rows.append({"point": p.label, "system": p.system, "model": p.model, "gpus": p.gpus,
+                     "baseline": p.baseline_gpus, "published": p.efficiency,
+                     "predicted": predicted, "predicted_abs": at.efficiency,
+                     "diff_pts": 100 * (predicted - p.efficiency),
+                     "within_5": abs(predicted - p.efficiency) <= 0.05})
+    return rows
+
+
+def overlap_needed(point, systems=None, resolution=0.01):
+    """The overlap fraction for which this point's prediction is closest to
+    the published value (a diagnostic of how consistent the points are)."""
+    systems = systems or SYSTEMS
+    work = workload(point.model)
+    at = simulate_step(systems[point.system], work, point.gpus)
+    base = simulate_step(systems[point.system], work, point.baseline_gpus)
+    steps = int(round(1 / resolution))
+    fractions = [i / steps for i in range(steps + 1)]
+    return min(fractions, key=lambda f: abs(at.efficiency_at(f) / base.efficiency_at(f)
+                                            - point.efficiency))
+
+
+# ---------------------------------------------------------------------------
+# Calibration on this machine
+# ---------------------------------------------------------------------------
+
+# BENCHMARKS.md: a bandwidth-optimal 2-rank allreduce through shared memory
+# moves about 224 MB of memory traffic per rank for 64 MB of data, while the
+# ring formula counts 64 MB sent; a plain copy moves 128 MB of traffic for
+# 64 MB. So one byte "sent" by the shared-memory allreduce costs 224/128 of
+# a copied byte.
+SHM_TRAFFIC_PER_COPY = 224 / 128
+
+
+def shm_link(copy_bandwidth, alpha):
+    """The intra-node link of keras_ddl's shared-memory path, from the
+    measured single-core copy bandwidth and small-message latency."""
+    return Link(alpha=alpha, bandwidth=copy_bandwidth / SHM_TRAFFIC_PER_COPY)
+
+
+def _fastest(fn, reps):
+    """The fastest of reps runs: the machine is shared, and a link's
+    parameters are what it does when nothing else is in the way."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def calibrate(copy_bytes=64 << 20, reps=7, comm=None):
+    """Measures this machine's local terms, each the fastest of several
+    runs: numpy copy bandwidth and, with two or more MPI ranks, the
+    shared-memory MPI latency (ping-pong of 8 bytes between ranks 0 and 1),
+    the ping-pong bandwidth of 16 MiB and an mpi4py Allreduce of 16 MiB. All
+    ranks must call it; returns a dict on every rank (ranks other than 0 and
+    1 only take part in the Allreduce)."""
+    import numpy as np
+
+    src = np.ones(copy_bytes // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+    t_copy = _fastest(lambda: np.copyto(dst, src), reps)
+    result = {"copy_bytes": copy_bytes, "copy_s": t_copy, "copy_GBps": copy_bytes / t_copy / GB,
+              "ranks": 1, "loadavg_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
+    if comm is None or comm.Get_size() < 2:
+        return result
+    rank, size = comm.Get_rank(), comm.Get_size()
+    result["ranks"] = size
+
+    def pingpong(buf, iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            if rank == 0:
+                comm.Send(buf, dest=1, tag=7)
+                comm.Recv(buf, source=1, tag=7)
+            elif rank == 1:
+                comm.Recv(buf, source=0, tag=7)
+                comm.Send(buf, dest=0, tag=7)
+        return (time.perf_counter() - t0) / iters
+
+    small = np.zeros(2, np.float32)
+    pingpong(small, 50)
+    rtt_small = min(pingpong(small, 200) for _ in range(5))
+    big = np.zeros((16 << 20) // 4, np.float32)
+    pingpong(big, 2)
+    rtt_big = min(pingpong(big, 3) for _ in range(3))
+    send = np.ones((16 << 20) // 4, np.float32)
+    recv = np.empty_like(send)
+    from mpi4py import MPI
+    comm.Allreduce(send, recv, op=MPI.SUM)
+    t_ar = float("inf")
+    for _ in range(5):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(send, recv, op=MPI.SUM)
+        t_ar = min(t_ar, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    # rank 0's view is the one reported
+    rtt_small = comm.bcast(rtt_small, root=0)
+    rtt_big = comm.bcast(rtt_big, root=0)
+    result.update({
+        "mpi_latency_s": rtt_small / 2,
+        "mpi_p2p_GBps": 2 * big.nbytes / rtt_big / GB,
+        "mpi_allreduce_bytes": send.nbytes,
+        "mpi_allreduce_s": t_ar,
+        "mpi_allreduce_busbw_GBps": send.nbytes / t_ar * 2 * (size - 1) / size / GB,
+    })
+    return result
+
+
+def calibrated_system(system, measured):
+    """``system`` with its intra-node link replaced by this machine's
+    shared-memory figures."""
+    alpha = measured.get("mpi_latency_s", system.intra.alpha)
+    link = shm_link(measured["copy_GBps"] * GB, alpha)
+    return system.with_(intra=link)
+
+
+# The keras_ddl system's default intra link is the same formula applied to
+# BENCHMARKS.md's reference copy (64 MB in ~8 ms), so --calibrate only
+# replaces measured numbers, never the method.
+SYSTEMS["keras_ddl"] = SYSTEMS["keras_ddl"].with_(
+    intra=shm_link(64 * 2**20 / (8 * MS), LOCAL_SHM_DEFAULT.alpha))
+
+
+# ---------------------------------------------------------------------------
+# Output: tables, JSON, plot
+# ---------------------------------------------------------------------------
+
+TABLE_COLUMNS = ["gpus", "nodes", "algorithm", "calls", "t_compute_ms", "t_comm_ms",
+                 "exposed_ms", "allreduce_ms", "efficiency"]
+PUBLISHED_COLUMNS = ["point", "gpus", "baseline", "published", "predicted", "diff_pts",
+                     "within_5", "overlap_needed"]
+
+
+def _fmt(value):
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.1f}"
+    return str(value)
+
+
+def format_table(title, columns, rows):
+    cells = [[_fmt(r[c]) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = [f"# {title}", "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def parameter_rows(system):
+    def link(l):
+        return "-" if l is None else f"alpha {l.alpha / US:g} us, {l.bandwidth / GB:.3g} GB/s"
+    return [
+        {"parameter": "GPUs per node", "value": str(system.gpus_per_node)},
+        {"parameter": "intra-node link", "value": link(system.intra)},
+        {"parameter": "inter-node link (per node)", "value": link(system.inter)},
+        {"parameter": "device<->host staging",
+         "value": link(system.staging) + (" (in a node too)" if system.staging is not None
+                                          and system.staging_in_node else "")},
+        {"parameter": "compute per step (ResNet-50)",
+         "value": f"{system.resnet50_step / MS:.1f} ms at batch {system.batch_per_gpu}/GPU"},
+        {"parameter": "calls", "value": f"fusion={system.fusion}"
+                                        + (f", {system.fusion_bytes >> 20} MB, cycle "
+                                           f"{system.cycle / MS:g} ms" if system.fusion == "cycle"
+                                           else "")
+                                        + f", {system.call_overhead / US:g} us each"
+                                        + (", negotiated" if system.negotiation else "")},
+        {"parameter": "hierarchical cross-node algorithm", "value": system.cross},
+        {"parameter": "backward share of compute", "value": f"{system.backward_fraction:.3g}"},
+        {"parameter": "overlap fraction", "value": f"{system.overlap_fraction:g}"},
+    ]
+
+
+def plot(path, system, work, gpus, rows, published_rows, systems):
+    """Efficiency vs GPUs: the chosen system per algorithm, and the published
+    systems' own configurations against their published points."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.warn("matplotlib is not installed: no plot written (pip install matplotlib)")
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for algorithm in sorted({r["algorithm"] for r in rows}):
+        pts = [(r["gpus"], 100 * r["efficiency"]) for r in rows if r["algorithm"] == algorithm]
+        left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=algorithm)
+    left.set_title(f"{system.name}, {work.name}: predicted", fontsize=10)
+    right_gpus = sorted(set(gpus) | {p["gpus"] for p in published_rows}
+                        | {p.baseline_gpus for p in PUBLISHED})
+    for point, row in zip(PUBLISHED, published_rows):
+        s = systems[point.system]
+        w = workload(point.model)
+        base = simulate_step(s, w, point.baseline_gpus).efficiency
+        xs = sorted({point.baseline_gpus} | {g for g in right_gpus if g >= point.baseline_gpus})
+        ys = [100 * simulate_step(s, w, g).efficiency / base for g in xs]
+        line, = right.plot(xs, ys, label=f"{point.system} / {point.model} (model)")
+        right.scatter([point.gpus], [100 * point.efficiency], color=line.get_color(),
+                      marker="*", s=160, zorder=3, edgecolor="black",
+                      label=f"published {100 * point.efficiency:.0f}%")
+    right.set_title("published systems with their own parameters, relative to one server",
+                    fontsize=10)
+    for ax, low in ((left, 0), (right, 50)):
+        ax.set_xscale("log", base=2)
+        ticks = sorted(set(gpus) | set(right_gpus)) if ax is right else sorted(set(gpus))
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(t) for t in ticks], fontsize=8)
+        ax.minorticks_off()
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("scaling efficiency (%)")
+        ax.set_ylim(low, 101)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    fig.suptitle("alpha-beta scaling model (python -m keras_ddl.bench model)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+def add_arguments(parser):
+    parser.add_argument("--gpus", help="comma-separated GPU counts (default 8,16,...,1024)")
+    parser.add_argument("--model", default="resnet50", choices=MODELS)
+    parser.add_argument("--system", default="keras_ddl", choices=sorted(SYSTEMS),
+                        help="parameter set for the prediction table (default keras_ddl)")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="override the system's GPUs per node (e.g. 4 or 8)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                        help=f"comma-separated, from {','.join(ALGORITHMS)}")
+    parser.add_argument("--overlap", type=float,
+                        help=f"override the overlap fraction (default {OVERLAP_FRACTION})")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure this machine's shared-memory copy bandwidth (and, under "
+                             "mpiexec -n 2, MPI latency) and use them for keras_ddl's "
+                             "intra-node link")
+    parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+
+
+def _launcher_rank():
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def _parse_gpus(text):
+    try:
+        gpus = [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise SystemExit(f"--gpus: not a list of integers: {text!r}")
+    if not gpus or any(g < 1 for g in gpus):
+        raise SystemExit(f"--gpus: need positive GPU counts, got {text!r}")
+    return gpus
+
+
+def main(args, out=None):
+    out = out or sys.stdout
+    gpus = _parse_gpus(args.gpus) if args.gpus else list(DEFAULT_GPUS)
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    for a in algorithms:
+        if a not in ALGORITHMS:
+            raise SystemExit(f"--algorithms: unknown {a!r}; choose from {', '.join(ALGORITHMS)}")
+    if args.overlap is not None and not 0 <= args.overlap <= 1:
+        raise SystemExit("--overlap must be between 0 and 1")
+
+    systems = dict(SYSTEMS)
+    measured = None
+    rank = _launcher_rank()
+    if args.calibrate:
+        comm = None
+        try:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+            rank = comm.Get_rank()
+        except ImportError:
+            warnings.warn("mpi4py is not installed: calibrating the copy bandwidth only")
+        measured = calibrate(comm=comm)
+        systems["keras_ddl"] = calibrated_system(systems["keras_ddl"], measured)
+    if args.overlap is not None:
+        systems = {k: v.with_(overlap_fraction=args.overlap) for k, v in systems.items()}
+    system = systems[args.system]
+    if args.gpus_per_node:
+        if args.gpus_per_node < 1:
+            raise SystemExit("--gpus-per-node must be >= 1")
+        system = system.with_(gpus_per_node=args.gpus_per_node)
+    bad = [g for g in gpus if g > system.gpus_per_node and g % system.gpus_per_node]
+    if bad:
+        raise SystemExit(f"--gpus: {bad} do not fill nodes of {system.gpus_per_node} GPUs")
+    work = workload(args.model)
+    if rank != 0:
+        return None
+
+    results = predict(system, work, gpus, algorithms)
+    rows = [r.row() for r in results]
+    published = compare_published(systems)
+    for p, row in zip(PUBLISHED, published):
+        row["overlap_needed"] = overlap_needed(p, systems)
+
+    blocks = []
+    if measured is not None:
+        cal = [{"quantity": "load average (1 min) / CPUs",
+                "measured": f"{measured['loadavg_1min']:.1f} / {measured['cpus']}",
+                "reference": "a busy machine gives slow links"},
+               {"quantity": "numpy copy of 64 MiB, one core (fastest of 7)",
+                "measured": f"{measured['copy_s'] / MS:.2f} ms = {measured['copy_GBps']:.2f} GB/s",
+                "reference": "BENCHMARKS.md: ~8 ms"}]
+        if "mpi_latency_s" in measured:
+            cal += [
+                {"quantity": "MPI ping-pong 8 B, half round trip",
+                 "measured": f"{measured['mpi_latency_s'] / US:.2f} us", "reference": "-"},
+                {"quantity": "MPI ping-pong 16 MiB, bandwidth",
+                 "measured": f"{measured['mpi_p2p_GBps']:.2f} GB/s", "reference": "-"},
+                {"quantity": f"mpi4py Allreduce 16 MiB, {measured['ranks']} ranks (fastest of 5)",
+                 "measured": f"{measured['mpi_allreduce_s'] / MS:.2f} ms, busbw "
+                             f"{measured['mpi_allreduce_busbw_GBps']:.2f} GB/s",
+                 "reference": "BENCHMARKS.md: 64 MB in ~50 ms (1.3 GB/s algbw)"},
+            ]
+        else:
+            cal.append({"quantity": "MPI latency", "measured": "not measured (one rank)",
+                        "reference": "run under mpiexec -n 2 to measure"})
+        link = systems["keras_ddl"].intra
+        cal.append({"quantity": "=> keras_ddl intra-node link",
+                    "measured": f"alpha {link.alpha / US:.2f} us, {link.bandwidth / GB:.2f} GB/s",
+                    "reference": f"copy GB/s / {SHM_TRAFFIC_PER_COPY:g} (memory passes)"})
+        blocks.append(format_table("calibration on this machine", ["quantity", "measured",
+                                                                   "reference"], cal))
+    blocks.append(format_table(f"parameters: {system.description}", ["parameter", "value"],
+                               parameter_rows(system)))
+    blocks.append(format_table(
+        f"scaling model: {system.name}, {work.name} ({work.params / 1e6:.1f} M params, "
+        f"{work.nbytes / 1e6:.0f} MB fp32), batch {system.batch_per_gpu}/GPU, "
+        f"{system.gpus_per_node} GPUs/node", TABLE_COLUMNS, rows))
+    blocks.append(format_table(
+        "published vs predicted (efficiency relative to one server, each system with its "
+        "own parameters)", PUBLISHED_COLUMNS, published))
+    print("\n\n".join(blocks), file=out, flush=True)
+
+    if args.plot:
+        if plot(args.plot, system, work, gpus, rows, published, systems):
+            print(f"# plot written to {args.plot}", file=out)
+    if args.json:
+        payload = {"system": system.summary(), "model": {"name": work.name, "params": work.params,
+                                                          "bytes": work.nbytes, "macs": work.macs},
+                   "overlap_fraction": system.overlap_fraction,
+                   "predictions": rows, "published": published,
+                   "published_systems": {k: systems[k].summary()
+                                         for k in sorted({p.system for p in PUBLISHED})},
+                   "calibration": measured}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+    return {"predictions": rows, "published": published, "calibration": measured}
