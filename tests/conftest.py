@@ -20,7 +20,7 @@ def mpiexec_path():
     return path
 
 
-def test_env(extra=None):
+def launch_env(extra=None):
     env = dict(os.environ)
     env.update({
         "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -40,7 +40,7 @@ def run_mpi(nprocs, script, args=(), env=None, timeout=300):
     argv = [mpiexec_path(), "-n", str(nprocs), sys.executable, script, *args]
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=test_env(env), cwd=TESTS_DIR)
+                              env=launch_env(env), cwd=TESTS_DIR)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n"
                     f"stdout:\n{(e.stdout or b'')[-4000:]}\nstderr:\n{(e.stderr or b'')[-4000:]}")

@@ -1,4 +1,4 @@
-"""``python -m keras_ddl.bench {allreduce}`` under mpiexec; prints tables."""
+"""``python -m keras_ddl.bench {allreduce,fit,model}``; prints tables (see BENCHMARKS.md)."""
 
 import argparse
 import sys
@@ -12,6 +12,8 @@ def parse(argv):
     ar.add_argument("--sizes", help="comma-separated byte counts (default 4 KB ... 256 MB)")
     ar.add_argument("--reps", type=int, default=7, help="interleaved repetitions per size")
     ar.add_argument("--skip-resnet", action="store_true", help="skip the gradient-list table")
+    ar.add_argument("--gradient-tensors", type=int, default=None,
+                    help="use only the first N tensors of the ResNet-50 list (quick checks)")
     ar.add_argument("--json", help="also write the results to this JSON file")
     mo = sub.add_parser("model", help="alpha-beta scaling model: predicted efficiency at "
                                       "8 ... 1024 GPUs vs published points (no launcher needed)")

@@ -73,12 +73,12 @@ def resnet50_shapes():
     return [tuple(int(d) for d in w.shape) for w in model.trainable_weights]
 
 
-def gradient_list(reps):
+def gradient_list(reps, limit=None):
     import tensorflow as tf
 
     import keras_ddl as ddl
     n, rank = COMM.Get_size(), COMM.Get_rank()
-    shapes = resnet50_shapes()
+    shapes = resnet50_shapes()[:limit]
     arrays = [_inputs(int(np.prod(s)), rank).reshape(s) for s in shapes]
     tensors = [tf.constant(a) for a in arrays]
     recvs = [np.empty_like(a) for a in arrays]
@@ -143,7 +143,8 @@ def main(args):
                 f"median of {args.reps} interleaved repetitions", COLUMNS, rows)
     payload = {"ranks": n, "allreduce": rows}
     if not args.skip_resnet:
-        grad_rows = gradient_list(max(3, args.reps // 2))
+        grad_rows = gradient_list(max(3, args.reps // 2) if args.reps > 1 else 1,
+                                  args.gradient_tensors)
         print_table("ResNet-50 gradient list (Keras 3 ResNet50 trainable weights), float32 sum",
                     ["method", "tensors", "time_us", "vs_separate", "wrong"], grad_rows)
         payload["resnet50_gradients"] = grad_rows
