@@ -37,20 +37,24 @@ ALLREDUCE_CASES = [
     "allreduce_every_dtype_op_and_length", "allreduce_scalars_empty_and_shapes",
     "allreduce_is_bitwise_identical_on_every_rank", "grouped_allreduce_200_tensors_mixed",
     "out_of_order_submission_in_tf_function", "compression_fp16_and_bf16"]
+# (ranks, environment, cases): the two topologies that only check the
+# automatic choice run the quick cases.
+QUICK = ALLREDUCE_CASES[:3]
 TOPOLOGIES = {
-    "flat-3": (3, {"DDL_ALLREDUCE": "flat"}),
-    "hierarchical-4x2": (4, {"DDL_LOCAL_SIZE": "2", "DDL_ALLREDUCE": "hierarchical"}),
-    "auto-4x2": (4, {"DDL_LOCAL_SIZE": "2"}),
-    "auto-3x1": (3, {"DDL_LOCAL_SIZE": "1"}),
-    "hierarchical-3x3": (3, {"DDL_ALLREDUCE": "hierarchical"}),
+    "flat-3": (3, {"DDL_ALLREDUCE": "flat"}, ALLREDUCE_CASES),
+    "hierarchical-4x2": (4, {"DDL_LOCAL_SIZE": "2", "DDL_ALLREDUCE": "hierarchical"},
+                         ALLREDUCE_CASES),
+    "auto-4x2": (4, {"DDL_LOCAL_SIZE": "2"}, QUICK),
+    "auto-3x1": (3, {"DDL_LOCAL_SIZE": "1"}, ALLREDUCE_CASES),
+    "hierarchical-3x3": (3, {"DDL_ALLREDUCE": "hierarchical"}, QUICK),
 }
 _topology_runs = {}
 
 
-@pytest.mark.parametrize("topology", list(TOPOLOGIES))
-@pytest.mark.parametrize("name", ALLREDUCE_CASES)
+@pytest.mark.parametrize("topology, name", [(t, c) for t, (_, _, cases) in TOPOLOGIES.items()
+                                            for c in cases])
 def test_allreduce_algorithms(topology, name):
     if topology not in _topology_runs:
-        nprocs, env = TOPOLOGIES[topology]
-        _topology_runs[topology] = CaseRun(nprocs, SCRIPT, env=env, cases=ALLREDUCE_CASES)
+        nprocs, env, cases = TOPOLOGIES[topology]
+        _topology_runs[topology] = CaseRun(nprocs, SCRIPT, env=env, cases=cases)
     _topology_runs[topology].check(name)
