@@ -22,30 +22,27 @@ from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initi
 
 __version__ = "0.1.0"
 
-# Everything that needs TensorFlow loads on first use, so tools that only
-# need the process model (ddlrun, rank queries) start without importing it.
-_LAZY = {
-    ".ops": ["Average", "Compression", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
-             "allreduce", "barrier", "broadcast", "broadcast_variables", "grouped_allreduce",
-             "reducescatter"],
-    ".optimizer": ["DistributedGradientTape", "DistributedOptimizer"],
-    ".strategy": ["DDLStrategy", "gather_predictions"],
-}
-_LAZY_ATTRS = {name: module for module, names in _LAZY.items() for name in names}
-_SUBMODULES = ("callbacks", "optimizers", "schedules", "ops", "optimizer", "strategy", "bench")
+# The TensorFlow-backed API. The Keras-serializable classes (LARS, the
+# schedules, DistributedOptimizer) must be registered as soon as keras_ddl is
+# imported, or keras.saving.load_model cannot find them in a new process.
+from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum,  # noqa: E402
+                  allgather, allreduce, barrier, broadcast, broadcast_variables,
+                  grouped_allreduce, reducescatter)
+from .optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: E402
+from . import callbacks, optimizers, schedules  # noqa: E402
+
+# DDLStrategy uses private TensorFlow APIs and checks the TensorFlow version
+# when loaded, so it is imported on first use.
+_LAZY = {"DDLStrategy": ".strategy", "gather_predictions": ".strategy"}
 
 
 def __getattr__(name):
     import importlib
-    if name in _LAZY_ATTRS:
-        value = getattr(importlib.import_module(_LAZY_ATTRS[name], __name__), name)
-    elif name in _SUBMODULES:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    elif name in ("strategy", "bench", "data"):
         value = importlib.import_module("." + name, __name__)
     else:
         raise AttributeError(f"module 'keras_ddl' has no attribute '{name}'")
     globals()[name] = value
     return value
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY_ATTRS) + list(_SUBMODULES))

@@ -42,8 +42,10 @@ def run_mpi(nprocs, script, args=(), env=None, timeout=300):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               env=launch_env(env), cwd=TESTS_DIR)
     except subprocess.TimeoutExpired as e:
+        def text(data):  # TimeoutExpired carries bytes even with text=True
+            return (data or b"").decode(errors="replace") if isinstance(data, bytes) else data
         pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n"
-                    f"stdout:\n{(e.stdout or b'')[-4000:]}\nstderr:\n{(e.stderr or b'')[-4000:]}")
+                    f"stdout:\n{text(e.stdout)[-4000:]}\nstderr:\n{text(e.stderr)[-4000:]}")
 
 
 def parse_cases(proc):
