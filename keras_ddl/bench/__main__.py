@@ -20,12 +20,16 @@ def parse(argv):
     from . import model
     model.add_arguments(mo)
     fit = sub.add_parser("fit", help="model.fit step time: DDLStrategy vs plain Keras "
-                                     "(one process), weak scaling (N ranks)")
+                                     "(one process), weak scaling (--scaling N)")
     fit.add_argument("--batch", type=int, default=16, help="per-rank batch size")
-    fit.add_argument("--steps", type=int, default=8, help="steps per timed fit")
+    fit.add_argument("--steps", type=int, default=10, help="steps per timed fit (>= 3)")
     fit.add_argument("--reps", type=int, default=7, help="interleaved repetitions")
     fit.add_argument("--threads", type=int, default=1,
                      help="TensorFlow intra-op and inter-op threads per process")
+    fit.add_argument("--scaling", type=int, metavar="N",
+                     help="launch 1 and N ranks (mpiexec -bind-to core) and report weak scaling")
+    fit.add_argument("--rounds", type=int, default=3,
+                     help="with --scaling: alternating launches per rank count")
     fit.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if getattr(args, "reps", 1) < 1:

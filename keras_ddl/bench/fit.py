@@ -1,0 +1,264 @@
+"""Keras ``model.fit`` step time: DDLStrategy against plain Keras, and weak scaling.
+
+    taskset -c 0 python -m keras_ddl.bench fit            # (1) one process
+    python -m keras_ddl.bench fit --scaling 2             # (2) 1 vs 2 ranks, one core each
+    mpiexec -n 2 -bind-to core python -m keras_ddl.bench fit   # (3) one N-rank measurement
+
+The model is a small compute-bound CNN (four 3x3 convolutions on 32x32x3
+synthetic images, ~66k parameters, SGD, accuracy metric); TensorFlow runs
+one intra-op and one inter-op thread per process (``--threads``), so a
+process is one core's worth of work. Each rank reads its own synthetic
+per-rank batch (auto_shard_policy OFF), so the per-rank batch is fixed.
+
+(1) In one process, plain Keras and ``DDLStrategy`` (a world of one) train
+    the same model, interleaved repetitions; ``ratio`` = DDLStrategy's step
+    time / plain Keras' (target <= 1.03).
+(2) Launches (3) with 1 rank and with N ranks (``mpiexec -bind-to core``),
+    alternating ``--rounds`` times, and reports ``efficiency`` = step time
+    with 1 rank / step time with N ranks, same per-rank batch (target >=
+    0.95). The 1-rank run is the same DDLStrategy program in a world of
+    one, so it also pays nothing for the engine that N ranks run.
+(3) DDLStrategy's step time with N ranks (the slowest rank's).
+
+A repetition is one ``fit`` of ``--steps`` steps; a step's time is the
+interval between consecutive ``on_train_batch_end`` calls (the first step
+left out), the median over the fit's steps, so the per-call cost of ``fit``
+(iterator set-up and teardown, which in TensorFlow 2.21 can hold a call for
+up to ~0.3 s) is not counted. ``*_ms`` columns are medians over repetitions,
+``*_min`` the fastest repetition (what to read on a machine shared with
+other jobs), ``*_cpu`` the process CPU time per step (all threads), which
+other jobs do not inflate but which leaves out waiting for other ranks.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+IMAGE = (32, 32, 3)
+CLASSES = 10
+
+
+def _cnn(keras):
+    layers = keras.layers
+    return keras.Sequential([
+        keras.Input(IMAGE),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(CLASSES),
+    ])
+
+
+def _compile(keras, model):
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def _synthetic(tf, batch, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.random((batch,) + IMAGE, dtype=np.float32)
+    y = rng.integers(0, CLASSES, batch)
+    options = tf.data.Options()
+    # each rank's dataset is already its own per-replica batch
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return tf.data.Dataset.from_tensors((x, y)).repeat().with_options(options)
+
+
+class _StepClock:
+    """Wall and CPU time at the end of every training step of one fit."""
+
+    def __init__(self, keras):
+        clock = self
+
+        class Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                clock.marks = []
+
+            def on_train_batch_end(self, batch, logs=None):
+                clock.marks.append((time.perf_counter(), time.process_time()))
+
+        self.callback = Callback()
+        self.marks = []
+
+    def per_step(self):
+        """Median (wall, cpu) seconds of a step, the first one left out."""
+        steps = np.diff(np.array(self.marks), axis=0)
+        return float(np.median(steps[:, 0])), float(np.median(steps[:, 1]))
+
+
+def _measure(args):
+    """Runs in every rank: {"plain": [...], "ddl": [...]} (wall, cpu) per step."""
+    import tensorflow as tf
+    # one core's worth of work per process; must precede any TensorFlow op
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    import keras
+
+    import keras_ddl as ddl
+
+    from .common import COMM
+
+    ddl.init()
+    size, rank = ddl.size(), ddl.rank()
+    strategy = ddl.DDLStrategy()
+    keras.utils.set_random_seed(0)
+    plain = _compile(keras, _cnn(keras)) if size == 1 else None
+    with strategy.scope():
+        distributed = _compile(keras, _cnn(keras))
+    data = _synthetic(tf, args.batch, seed=rank)
+    clock = _StepClock(keras)
+
+    def timed(model):
+        COMM.Barrier()
+        model.fit(data, epochs=1, steps_per_epoch=args.steps, verbose=0,
+                  callbacks=[clock.callback])
+        return clock.per_step()
+
+    models = {"ddl": distributed} if plain is None else {"plain": plain, "ddl": distributed}
+    for model in models.values():
+        timed(model)  # warm-up: tracing
+    results = {name: [] for name in models}
+    for _ in range(args.reps):  # interleaved: both see the same machine state
+        for name, model in models.items():
+            wall, cpu = timed(model)
+            # a step of N ranks lasts as long as its slowest rank's
+            walls, cpus = zip(*COMM.allgather((wall, cpu)))
+            results[name].append((max(walls), max(cpus)))
+    digest = hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes()
+                                     for w in distributed.get_weights())).hexdigest()
+    affinity = COMM.allgather(sorted(os.sched_getaffinity(0))
+                              if hasattr(os, "sched_getaffinity") else None)
+    return {
+        "ranks": size, "batch_per_rank": args.batch, "steps": args.steps, "reps": args.reps,
+        "threads": args.threads,
+        "params": int(sum(np.prod(w.shape) for w in distributed.trainable_weights)),
+        "cores": ";".join(",".join(map(str, a)) if a else "?" for a in affinity),
+        "identical": len(set(COMM.allgather(digest))) == 1,
+        "step_s": results,
+    }
+
+
+def _summary(samples):
+    walls = [w for w, _ in samples]
+    cpus = [c for _, c in samples]
+    return float(np.median(walls)), float(np.min(walls)), float(np.median(cpus))
+
+
+def _model_label(result):
+    return f"cnn {result['params'] // 1000}k params"
+
+
+def _print_measurement(result):
+    from .common import print_table
+    ddl_ms, ddl_min, ddl_cpu = (1e3 * v for v in _summary(result["step_s"]["ddl"]))
+    if "plain" in result["step_s"]:
+        plain_ms, plain_min, plain_cpu = (1e3 * v for v in _summary(result["step_s"]["plain"]))
+        rows = [{"model": _model_label(result), "batch": result["batch_per_rank"],
+                 "steps": result["steps"], "reps": result["reps"], "cores": result["cores"],
+                 "plain_ms": plain_ms, "ddl_ms": ddl_ms, "ratio": ddl_ms / plain_ms,
+                 "plain_min": plain_min, "ddl_min": ddl_min, "ratio_min": ddl_min / plain_min,
+                 "plain_cpu": plain_cpu, "ddl_cpu": ddl_cpu, "ratio_cpu": ddl_cpu / plain_cpu,
+                 "target": "<=1.03"}]
+        print_table(f"fit step time, one process, {result['threads']} TF thread(s): "
+                    f"DDLStrategy vs plain Keras, {result['reps']} interleaved repetitions",
+                    list(rows[0]), rows)
+    else:
+        rows = [{"model": _model_label(result), "ranks": result["ranks"],
+                 "batch_per_rank": result["batch_per_rank"], "steps": result["steps"],
+                 "reps": result["reps"], "cores": result["cores"], "ddl_ms": ddl_ms,
+                 "ddl_min": ddl_min, "ddl_cpu": ddl_cpu,
+                 "img_per_s": result["ranks"] * result["batch_per_rank"] / ddl_ms * 1e3,
+                 "identical": "yes" if result["identical"] else "NO"}]
+        print_table(f"fit step time, DDLStrategy on {result['ranks']} ranks x "
+                    f"{result['threads']} TF thread(s), {result['reps']} repetitions "
+                    "(weak scaling against 1 rank: --scaling N)", list(rows[0]), rows)
+
+
+def _mpiexec():
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    path = beside if os.path.exists(beside) else shutil.which("mpiexec")
+    if path is None:
+        raise SystemExit("keras_ddl.bench fit --scaling: mpiexec not found")
+    return path
+
+
+def _launch(args, ranks, path):
+    argv = [_mpiexec(), "-n", str(ranks), "-bind-to", "core", sys.executable, "-m",
+            "keras_ddl.bench", "fit", "--batch", str(args.batch), "--steps", str(args.steps),
+            "--reps", str(args.reps), "--threads", str(args.threads), "--json", path]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _scaling(args):
+    """Alternating launches with 1 and N ranks; prints the weak-scaling table."""
+    n = args.scaling
+    samples = {1: [], n: []}
+    meta = {}
+    with tempfile.TemporaryDirectory(prefix="ddl_bench_fit_") as tmp:
+        for round_ in range(args.rounds):
+            for ranks in (1, n):
+                result = _launch(args, ranks, os.path.join(tmp, f"{ranks}.{round_}.json"))
+                samples[ranks] += result["step_s"]["ddl"]
+                meta[ranks] = result
+    one, one_min, one_cpu = (1e3 * v for v in _summary(samples[1]))
+    many, many_min, many_cpu = (1e3 * v for v in _summary(samples[n]))
+    row = {"model": _model_label(meta[n]), "ranks": n, "batch_per_rank": args.batch,
+           "steps": args.steps, "reps": args.reps * args.rounds, "cores": meta[n]["cores"],
+           "1rank_ms": one, f"{n}rank_ms": many, "efficiency": one / many,
+           "1rank_min": one_min, f"{n}rank_min": many_min, "efficiency_min": one_min / many_min,
+           "1rank_cpu": one_cpu, f"{n}rank_cpu": many_cpu, "efficiency_cpu": one_cpu / many_cpu,
+           "img_per_s": n * args.batch / many * 1e3,
+           "identical": "yes" if meta[n]["identical"] else "NO", "target": ">=0.95"}
+    _print_rows(f"weak scaling: DDLStrategy on 1 rank vs {n} ranks, one core each "
+                f"(mpiexec -bind-to core), {args.threads} TF thread(s), same per-rank batch; "
+                f"{args.rounds} alternating launches x {args.reps} repetitions", [row])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"scaling": row, "step_s": {str(k): v for k, v in samples.items()}}, f,
+                      indent=2)
+
+
+def _print_rows(title, rows):
+    # the driver is not an MPI process: print here rather than via common
+    columns = list(rows[0])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 1000 else f"{v:.1f}"
+        return str(v)
+    widths = {c: max(len(c), *(len(fmt(r[c])) for r in rows)) for c in columns}
+    print(f"# {title}")
+    print("  ".join(c.rjust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(fmt(r[c]).rjust(widths[c]) for c in columns), flush=True)
+
+
+def main(args):
+    if args.steps < 3:
+        raise SystemExit("--steps must be at least 3")
+    if args.scaling:
+        if args.scaling < 2:
+            raise SystemExit("--scaling takes the number of ranks to compare with 1 (>= 2)")
+        _scaling(args)
+        return
+    result = _measure(args)
+    from .common import dump_json
+    _print_measurement(result)
+    dump_json(args.json, result)
