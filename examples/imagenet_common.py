@@ -1,0 +1,276 @@
+"""Shared code of resnet50_imagenet1k.py and resnet101_imagenet22k.py.
+
+The ResNet is built here (v1.5 bottleneck: stride on the 3x3 conv), not
+taken from keras.applications, so that the last BatchNorm of every residual
+block can start with gamma = 0 (Goyal et al. 2017: each block starts as the
+identity). Distribution uses ddl.DistributedOptimizer + callbacks.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+BLOCKS = {14: [1, 1, 1, 1], 26: [2, 2, 2, 2], 50: [3, 4, 6, 3], 101: [3, 4, 23, 3],
+          152: [3, 8, 36, 3]}
+
+
+def parse_args(description, defaults, argv=None):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--data-dir", help="TFRecords <split>-* (see keras_ddl.data)")
+    p.add_argument("--synthetic", action="store_true", help="random data of the right shape")
+    p.add_argument("--global-batch", type=int, default=defaults["global_batch"])
+    p.add_argument("--epochs", type=int, default=defaults["epochs"])
+    p.add_argument("--warmup-epochs", type=float, default=defaults["warmup_epochs"])
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--num-classes", type=int, default=defaults["num_classes"])
+    p.add_argument("--train-images", type=int, default=defaults["train_images"],
+                   help="images per epoch, for the default --steps-per-epoch")
+    p.add_argument("--steps-per-epoch", type=int)
+    p.add_argument("--lr", type=float, help="peak learning rate (default: linear scaling rule "
+                   "from --base-lr at batch 256)")
+    p.add_argument("--base-lr", type=float, default=defaults["base_lr"])
+    p.add_argument("--optimizer", choices=["lars", "sgd"], default=defaults["optimizer"])
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=defaults["weight_decay"])
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--depth", type=int, choices=sorted(BLOCKS), default=defaults["depth"])
+    p.add_argument("--width-multiplier", type=float, default=1.0,
+                   help="scales every layer's width (tiny models for tests)")
+    p.add_argument("--distribution", choices=["optimizer", "strategy"], default="optimizer",
+                   help="ddl.DistributedOptimizer + callbacks (default), or ddl.DDLStrategy")
+    p.add_argument("--mixed-bfloat16", action="store_true")
+    p.add_argument("--checkpoint-dir", default="checkpoints")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if not a.synthetic and not a.data_dir:
+        p.error("give --data-dir or --synthetic")
+    return a
+
+
+# ---------------------------------------------------------------- model
+
+def build_resnet(keras, depth, num_classes, image_size, width=1.0, l2=0.0):
+    """ResNet-v1.5 with zero-initialised last BN gamma in each residual block.
+
+    ``l2 > 0`` adds an L2 penalty on conv/dense kernels only (no decay on
+    BN parameters or biases); with LARS pass 0 and let LARS decay."""
+    layers = keras.layers
+    reg = keras.regularizers.L2(l2) if l2 else None
+    bn_axis = -1
+
+    def conv(x, filters, k, stride, name):
+        return layers.Conv2D(filters, k, strides=stride, padding="same", use_bias=False,
+                             kernel_initializer="he_normal", kernel_regularizer=reg,
+                             name=name)(x)
+
+    def bn(x, name, zero_gamma=False):
+        return layers.BatchNormalization(axis=bn_axis, momentum=0.9, epsilon=1e-5, name=name,
+                                         gamma_initializer="zeros" if zero_gamma else "ones")(x)
+
+    def block(x, filters, stride, name):
+        out = 4 * filters
+        shortcut = x
+        if stride != 1 or x.shape[-1] != out:
+            shortcut = conv(x, out, 1, stride, name + "_proj")
+            shortcut = bn(shortcut, name + "_proj_bn")
+        y = layers.ReLU()(bn(conv(x, filters, 1, 1, name + "_conv1"), name + "_bn1"))
+        y = layers.ReLU()(bn(conv(y, filters, 3, stride, name + "_conv2"), name + "_bn2"))
+        y = bn(conv(y, out, 1, 1, name + "_conv3"), name + "_bn3", zero_gamma=True)
+        return layers.ReLU()(layers.Add()([shortcut, y]))
+
+    def w(n):
+        return max(1, int(round(n * width)))
+
+    inputs = keras.Input((image_size, image_size, 3))
+    x = layers.ReLU()(bn(conv(inputs, w(64), 7, 2, "stem_conv"), "stem_bn"))
+    x = layers.MaxPooling2D(3, 2, padding="same")(x)
+    for stage, (n, filters) in enumerate(zip(BLOCKS[depth], (64, 128, 256, 512))):
+        for i in range(n):
+            stride = 2 if (i == 0 and stage > 0) else 1
+            x = block(x, w(filters), stride, f"s{stage + 1}b{i + 1}")
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dense(num_classes, kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+                     kernel_regularizer=reg, name="logits")(x)
+    x = layers.Activation("linear", dtype="float32")(x)  # float32 logits under mixed precision
+    return keras.Model(inputs, x, name=f"resnet{depth}")
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def checkpoint_path(directory, epoch):
+    return os.path.join(directory, f"ckpt-{epoch:04d}.npz")
+
+
+def latest_checkpoint(directory):
+    paths = sorted(glob.glob(os.path.join(directory, "ckpt-*.npz")))
+    return paths[-1] if paths else None
+
+
+def weights_checksum(model):
+    return float(sum(np.sum(np.abs(w.astype(np.float64))) for w in model.get_weights()))
+
+
+def save_checkpoint(model, optimizer, directory, epoch):
+    """Model weights, optimizer variables and the epoch count, in one npz
+    written to a temporary name then renamed (readers never see half a file)."""
+    os.makedirs(directory, exist_ok=True)
+    arrays = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+    for i, v in enumerate(optimizer.variables):
+        arrays[f"o{i}"] = np.asarray(v.numpy())
+    meta = {"epoch": epoch, "num_weights": len(model.get_weights()),
+            "optimizer_variables": [v.path for v in optimizer.variables]}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    path = checkpoint_path(directory, epoch)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(model, optimizer, path):
+    """Restores what save_checkpoint wrote; returns the number of epochs done."""
+    with np.load(path) as f:
+        meta = json.loads(bytes(f["meta"]).decode())
+        n_w = len(model.get_weights())
+        if meta["num_weights"] != n_w:
+            raise SystemExit(f"{path}: {meta['num_weights']} weights, the model has {n_w} "
+                             "(different --depth / --width-multiplier / --num-classes?)")
+        model.set_weights([f[f"w{i}"] for i in range(n_w)])
+        optimizer.build(model.trainable_variables)
+        names = [v.path for v in optimizer.variables]
+        if names != meta["optimizer_variables"]:
+            raise SystemExit(f"{path}: optimizer state does not match this optimizer "
+                             "(different --optimizer?)")
+        for i, v in enumerate(optimizer.variables):
+            v.assign(f[f"o{i}"])
+    return int(meta["epoch"])
+
+
+# ---------------------------------------------------------------- training
+
+def main(description, defaults, argv=None):
+    args = parse_args(description, defaults, argv)
+    import keras
+    import tensorflow as tf
+    import keras_ddl as ddl
+    from keras_ddl import data, schedules
+    from keras_ddl.optimizers import LARS
+
+    ddl.init()
+    rank, size = ddl.rank(), ddl.size()
+    keras.utils.set_random_seed(args.seed)  # same seed: rank 0's weights are broadcast anyway
+
+    def log(*a):
+        if rank == 0:
+            print(*a, flush=True)
+
+    if args.global_batch % size:
+        raise SystemExit(f"--global-batch {args.global_batch} is not a multiple of {size} ranks")
+    per_rank = args.global_batch // size
+    steps = args.steps_per_epoch or max(1, args.train_images // args.global_batch)
+    if args.mixed_bfloat16:
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+
+    if args.synthetic:
+        ds = data.synthetic_dataset(args.image_size, args.num_classes, per_rank, seed=args.seed)
+    else:
+        ds = data.imagenet_dataset(args.data_dir, "train", args.image_size, per_rank,
+                                   training=True, rank=rank, size=size, seed=args.seed + rank)
+
+    peak = args.lr or schedules.linear_scaling_rule(args.base_lr, args.global_batch)
+    total = args.epochs * steps
+    warmup = min(int(args.warmup_epochs * steps), total - 1) if total > 1 else 0
+    lr = schedules.PolynomialDecayWithWarmup(peak, total_steps=total, warmup_steps=warmup,
+                                             power=2.0)
+    use_strategy = args.distribution == "strategy"
+    # With DDLStrategy the strategy averages the gradients and broadcasts the
+    # initial weights; the dataset is per rank (auto-shard OFF), so it is
+    # taken as this replica's share with the per-rank batch. The optimizer
+    # and the model are both made under its scope.
+    strategy = ddl.DDLStrategy() if use_strategy else tf.distribute.get_strategy()
+    with strategy.scope():
+        if args.optimizer == "lars":
+            base = LARS(learning_rate=lr, momentum=args.momentum,
+                        weight_decay=args.weight_decay)
+            l2 = 0.0   # LARS decays kernels only (biases and BN excluded by default)
+        else:
+            base = keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum, nesterov=True)
+            l2 = args.weight_decay / 2   # d/dw (wd/2 * w^2) = wd * w, on kernels only
+        opt = base if use_strategy else ddl.DistributedOptimizer(base, name="resnet_opt")
+
+    with strategy.scope():
+        model = build_resnet(keras, args.depth, args.num_classes, args.image_size,
+                             args.width_multiplier, l2)
+        model.compile(optimizer=opt,
+                      loss=keras.losses.CategoricalCrossentropy(
+                          from_logits=True, label_smoothing=args.label_smoothing),
+                      metrics=["accuracy"], jit_compile=False)
+    # The labels are sparse; one-hot them in the pipeline for label smoothing.
+    ds = ds.map(lambda x, y: (x, tf.one_hot(y, args.num_classes)))
+
+    initial_epoch = 0
+    if args.resume:
+        path = latest_checkpoint(args.checkpoint_dir)
+        if path is None:
+            log(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
+        else:
+            with strategy.scope():
+                initial_epoch = load_checkpoint(model, opt, path)
+            log(f"RESUMED path={path} epoch={initial_epoch} "
+                f"iterations={int(opt.iterations.numpy())} checksum={weights_checksum(model):.6f}")
+    if initial_epoch >= args.epochs:
+        log(f"already trained {initial_epoch} epochs (--epochs {args.epochs}): nothing to do")
+        return 0
+
+    log(f"resnet{args.depth} width x{args.width_multiplier} classes={args.num_classes} "
+        f"image={args.image_size} ranks={size} global_batch={args.global_batch} "
+        f"per_rank={per_rank} steps/epoch={steps} optimizer={args.optimizer} peak_lr={peak:g} "
+        f"warmup_steps={warmup} data={'synthetic' if args.synthetic else args.data_dir} "
+        f"bf16={args.mixed_bfloat16} distribution={args.distribution}")
+
+    class Report(keras.callbacks.Callback):
+        """Rank 0: step time and images/s (skipping each epoch's first step,
+        which includes tracing), loss, and the epoch checkpoint."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.times = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.times.append(time.perf_counter() - self.t0)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if rank != 0:
+                return
+            t = self.times[1:] or self.times
+            step = sum(t) / len(t)
+            loss = float(logs.get("loss", float("nan")))
+            path = save_checkpoint(model, opt, args.checkpoint_dir, epoch + 1)
+            print(f"EPOCH {epoch + 1}/{args.epochs} loss={loss:.6f} "
+                  f"accuracy={float(logs.get('accuracy', float('nan'))):.4f} "
+                  f"step_time_ms={1000 * step:.1f} images_per_s_per_rank={per_rank / step:.1f} "
+                  f"images_per_s_total={args.global_batch / step:.1f}", flush=True)
+            print(f"CHECKPOINT rank={rank} epoch={epoch + 1} path={path} "
+                  f"checksum={weights_checksum(model):.6f}", flush=True)
+
+    callbacks = [Report()] if use_strategy else [
+        ddl.callbacks.BroadcastGlobalVariablesCallback(0), ddl.callbacks.MetricAverageCallback(),
+        Report()]
+    # BroadcastGlobalVariablesCallback copies rank 0's optimizer state after
+    # the first batch; on resume every rank has loaded the same file anyway.
+    model.fit(ds, epochs=args.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+              callbacks=callbacks, verbose=0, shuffle=False)
+    log("DONE")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit("run resnet50_imagenet1k.py or resnet101_imagenet22k.py")

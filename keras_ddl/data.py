@@ -1,0 +1,172 @@
+"""Input pipeline for ImageNet-style TFRecords, sharded across ranks.
+
+Data layout (the usual ImageNet TFRecord layout): files named
+``<split>-NNNNN-of-MMMMM`` in one directory, each a TFRecord of
+``tf.train.Example`` with
+
+- ``image/encoded``: JPEG bytes (string)
+- ``image/class/label``: class index (int64)
+
+``examples/convert_image_folder.py`` writes this layout from a
+folder-per-class image tree (labels 0..K-1 in sorted folder order).
+
+```python
+ds = keras_ddl.data.imagenet_dataset("/data/imagenet", "train", image_size=224,
+                                     batch_size=256, training=True)
+```
+
+Each rank reads the files ``files[rank::size]`` (at least one file per
+rank), decodes in parallel, applies random-resized-crop + horizontal flip
+(training) or resize + center crop (evaluation), batches (``batch_size``
+is the per-rank batch) and prefetches.
+"""
+
+import glob
+import os
+
+import tensorflow as tf
+
+MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+def list_files(data_dir, split):
+    """Sorted TFRecord files of one split (``<split>-*`` in ``data_dir``)."""
+    files = sorted(glob.glob(os.path.join(data_dir, f"{split}-*")))
+    if not files:
+        raise FileNotFoundError(
+            f"keras_ddl.data: no files matching {split}-* in {data_dir!r} "
+            "(convert an image tree with examples/convert_image_folder.py)")
+    return files
+
+
+def shard_files(files, rank, size):
+    """The files of one rank: ``files[rank::size]``. Needs len(files) >= size."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"keras_ddl.data: bad rank {rank} / size {size}")
+    if len(files) < size:
+        raise ValueError(
+            f"keras_ddl.data: {len(files)} files cannot be sharded over {size} ranks; "
+            "write at least one shard per rank (--num-shards of the converter)")
+    return list(files[rank::size])
+
+
+def parse_example(serialized):
+    """(jpeg bytes, int32 label) of one serialized Example."""
+    f = tf.io.parse_single_example(serialized, FEATURES)
+    return f["image/encoded"], tf.cast(f["image/class/label"], tf.int32)
+
+
+def decode_random_crop(image_bytes, image_size, area_range=(0.08, 1.0),
+                       aspect_ratio_range=(3 / 4, 4 / 3), seed=None):
+    """Random-resized crop (Inception style), decoding only the crop window."""
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    bbox = tf.zeros([1, 0, 4], tf.float32)  # whole image
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, bounding_boxes=bbox, min_object_covered=0.1,
+        aspect_ratio_range=aspect_ratio_range, area_range=area_range,
+        max_attempts=10, use_image_if_no_bounding_boxes=True, seed=seed or 0)
+    offset_y, offset_x, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(size)
+    window = tf.stack([offset_y, offset_x, h, w])
+    image = tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3)
+    return tf.image.resize(image, [image_size, image_size], method="bilinear")
+
+
+def decode_center_crop(image_bytes, image_size, crop_padding=32):
+    """Center crop of side ``image_size / (image_size + crop_padding)`` of the
+    shorter edge, resized to ``image_size`` (deterministic)."""
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    h, w = shape[0], shape[1]
+    frac = image_size / (image_size + crop_padding)
+    crop = tf.cast(frac * tf.cast(tf.minimum(h, w), tf.float32), tf.int32)
+    crop = tf.maximum(crop, 1)
+    offset_y = (h - crop + 1) // 2
+    offset_x = (w - crop + 1) // 2
+    window = tf.stack([offset_y, offset_x, crop, crop])
+    image = tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3)
+    return tf.image.resize(image, [image_size, image_size], method="bilinear")
+
+
+def normalize(image, dtype=tf.float32):
+    image = (image - tf.constant(MEAN_RGB, image.dtype)) / tf.constant(STDDEV_RGB, image.dtype)
+    return tf.cast(image, dtype)
+
+
+def preprocess(image_bytes, image_size, training, dtype=tf.float32, seed=None):
+    if training:
+        image = decode_random_crop(image_bytes, image_size, seed=seed)
+        image = tf.image.random_flip_left_right(image, seed=seed)
+    else:
+        image = decode_center_crop(image_bytes, image_size)
+    image = tf.ensure_shape(image, [image_size, image_size, 3])
+    return normalize(image, dtype)
+
+
+def _rank_size(rank, size):
+    if rank is None or size is None:
+        from . import basics
+        rank = basics.rank() if rank is None else rank
+        size = basics.size() if size is None else size
+    return rank, size
+
+
+def imagenet_dataset(data_dir, split, image_size, batch_size, training, rank=None, size=None,
+                     shuffle_buffer=10000, repeat=None, dtype=tf.float32, seed=None,
+                     drop_remainder=True, cycle_length=4):
+    """A batched, prefetched ``(images, labels)`` dataset of this rank's shards.
+
+    Args:
+        data_dir, split: TFRecords ``data_dir/<split>-*``.
+        image_size: Output side (square images, channels last).
+        batch_size: Per-rank batch size.
+        training: Random-resized-crop + flip and shuffling (True), or resize
+            + center crop in file order (False).
+        rank, size: Which shard; default ``keras_ddl.rank()/size()``.
+        repeat: Repeat forever (default: ``training``).
+        dtype: Image dtype (``tf.bfloat16`` for mixed precision input).
+    """
+    rank, size = _rank_size(rank, size)
+    files = shard_files(list_files(data_dir, split), rank, size)
+    repeat = training if repeat is None else repeat
+    auto = tf.data.AUTOTUNE
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
+                       cycle_length=min(cycle_length, len(files)), num_parallel_calls=auto,
+                       deterministic=not training)
+    if training and shuffle_buffer:
+        ds = ds.shuffle(shuffle_buffer, seed=seed)
+    if repeat:
+        ds = ds.repeat()
+
+    def fn(serialized):
+        image_bytes, label = parse_example(serialized)
+        return preprocess(image_bytes, image_size, training, dtype, seed), label
+
+    ds = ds.map(fn, num_parallel_calls=auto, deterministic=not training)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    options = tf.data.Options()
+    # Sharding is done here by file; keep tf.distribute from re-sharding.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = ds.with_options(options)
+    return ds.prefetch(auto)
+
+
+def synthetic_dataset(image_size, num_classes, batch, dtype=tf.float32, seed=0):
+    """An endless dataset repeating one random batch of the right shape:
+    images ``(batch, image_size, image_size, 3)``, int32 labels in
+    ``[0, num_classes)``. For benchmarking without the data set."""
+    g = tf.random.Generator.from_seed(seed)
+    images = tf.cast(g.normal([batch, image_size, image_size, 3]), dtype)
+    labels = g.uniform([batch], 0, num_classes, dtype=tf.int32)
+    ds = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

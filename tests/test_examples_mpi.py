@@ -1,0 +1,104 @@
+"""The examples end to end on 2 ranks through ddlrun (issue 7).
+
+Tiny JPEGs -> convert_image_folder.py -> TFRecords -> each ResNet example for
+2 steps (tiny depth, width, image size and class count), then again with
+--resume; and the quickstart.
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import launch_env
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(os.path.dirname(TESTS_DIR), "examples")
+sys.path.insert(0, TESTS_DIR)
+from image_tree import write_image_tree  # noqa: E402
+
+NUM_CLASSES = 5
+TINY = ["--image-size", "32", "--num-classes", str(NUM_CLASSES), "--global-batch", "8",
+        "--steps-per-epoch", "2", "--depth", "14", "--width-multiplier", "0.125"]
+
+
+def ddlrun(script, args, cwd, timeout=240):
+    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "2",
+            sys.executable, os.path.join(EXAMPLES, script), *args]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=launch_env(), cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n{e.stdout}\n{e.stderr}")
+    assert proc.returncode == 0, (f"{' '.join(argv)} exited {proc.returncode}\n"
+                                  f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}")
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    tree = tmp_path_factory.mktemp("tree")
+    out = tmp_path_factory.mktemp("records")
+    write_image_tree(str(tree), NUM_CLASSES, per_class=4, size=(36, 44))
+    subprocess.run([sys.executable, os.path.join(EXAMPLES, "convert_image_folder.py"),
+                    "--input-dir", str(tree), "--output-dir", str(out), "--num-shards", "2"],
+                   check=True, capture_output=True, env=launch_env())
+    assert sorted(os.listdir(out)) == ["labels.txt", "train-00000-of-00002",
+                                       "train-00001-of-00002"]
+    return str(out)
+
+
+def fields(line):
+    return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+
+
+def lines(stdout, tag):
+    return [fields(l) for l in stdout.splitlines() if l.startswith(tag + " ")]
+
+
+@pytest.mark.parametrize("script,optimizer,distribution", [
+    ("resnet50_imagenet1k.py", "sgd", "optimizer"),
+    ("resnet101_imagenet22k.py", "lars", "strategy"),
+])
+def test_resnet_example_train_checkpoint_resume(script, optimizer, distribution, records,
+                                                tmp_path):
+    ckpt = tmp_path / "ckpt"
+    common = ["--data-dir", records, "--checkpoint-dir", str(ckpt), "--optimizer", optimizer,
+              "--distribution", distribution, *TINY]
+
+    out = ddlrun(script, common + ["--epochs", "1"], cwd=str(tmp_path))
+    epochs = lines(out, "EPOCH")
+    assert len(epochs) == 1, out
+    assert math.isfinite(float(epochs[0]["loss"])), out
+    assert float(epochs[0]["images_per_s_total"]) > 0
+    saved = lines(out, "CHECKPOINT")
+    assert [(c["rank"], c["epoch"]) for c in saved] == [("0", "1")], out  # once, rank 0 only
+    assert sorted(os.listdir(ckpt)) == ["ckpt-0001.npz"]                   # no temp files left
+    first_mtime = os.stat(ckpt / "ckpt-0001.npz").st_mtime_ns
+
+    out2 = ddlrun(script, common + ["--epochs", "2", "--resume"], cwd=str(tmp_path))
+    resumed = lines(out2, "RESUMED")
+    assert len(resumed) == 1, out2
+    assert resumed[0]["epoch"] == "1" and resumed[0]["iterations"] == "2"
+    assert resumed[0]["checksum"] == saved[0]["checksum"]       # the saved weights are loaded
+    epochs2 = lines(out2, "EPOCH")
+    assert len(epochs2) == 1, out2
+    assert re.search(r"^EPOCH 2/2 ", out2, re.M), out2           # continues at epoch 2
+    assert math.isfinite(float(epochs2[0]["loss"]))
+    saved2 = lines(out2, "CHECKPOINT")
+    assert [(c["rank"], c["epoch"]) for c in saved2] == [("0", "2")], out2
+    assert sorted(os.listdir(ckpt)) == ["ckpt-0001.npz", "ckpt-0002.npz"]
+    assert os.stat(ckpt / "ckpt-0001.npz").st_mtime_ns == first_mtime
+
+
+def test_quickstart(tmp_path):
+    out = ddlrun("quickstart.py", ["--epochs", "2", "--checkpoint", "model.keras"],
+                 cwd=str(tmp_path))
+    result = lines(out, "QUICKSTART")
+    assert len(result) == 1, out
+    assert result[0]["ranks"] == "2"
+    assert 0.0 <= float(result[0]["val_accuracy"]) <= 1.0
+    assert os.path.exists(tmp_path / "model.keras")
