@@ -89,6 +89,22 @@ class CaseRun:
             "\n".join(failures)
 
 
+    def check_clean_exit(self):
+        assert self.proc.returncode == 0, self.proc.stderr[-4000:]
+
+
+_LAUNCHES = {}
+
+
+def shared_launch(nprocs, script, env=None, cases=()):
+    """One launch per (script, ranks, environment, cases) for the session,
+    shared by all the tests that read its cases."""
+    key = (script, nprocs, tuple(sorted((env or {}).items())), tuple(cases))
+    if key not in _LAUNCHES:
+        _LAUNCHES[key] = CaseRun(nprocs, script, env=env, cases=cases)
+    return _LAUNCHES[key]
+
+
 def case_names(script):
     """Names of the @case functions in a script, read without importing it."""
     names, pending = [], False

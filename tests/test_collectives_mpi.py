@@ -5,28 +5,20 @@ case is reported here as its own test.
 """
 
 import pytest
-from conftest import CaseRun, case_names
+from conftest import case_names, shared_launch
 
 SCRIPT = "collectives.py"
-_runs = {}
-
-
-def launch(nprocs):
-    if nprocs not in _runs:
-        _runs[nprocs] = CaseRun(nprocs, SCRIPT)
-    return _runs[nprocs]
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("name", case_names(SCRIPT))
 def test_case(nprocs, name):
-    launch(nprocs).check(name)
+    shared_launch(nprocs, SCRIPT).check(name)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_launch_exits_cleanly(nprocs):
-    run = launch(nprocs)
-    assert run.proc.returncode == 0, run.proc.stderr[-4000:]
+    shared_launch(nprocs, SCRIPT).check_clean_exit()
 
 
 # The allreduce cases again under each algorithm choice and topology:
@@ -48,13 +40,10 @@ TOPOLOGIES = {
     "auto-3x1": (3, {"DDL_LOCAL_SIZE": "1"}, ALLREDUCE_CASES),
     "hierarchical-3x3": (3, {"DDL_ALLREDUCE": "hierarchical"}, QUICK),
 }
-_topology_runs = {}
 
 
 @pytest.mark.parametrize("topology, name", [(t, c) for t, (_, _, cases) in TOPOLOGIES.items()
                                             for c in cases])
 def test_allreduce_algorithms(topology, name):
-    if topology not in _topology_runs:
-        nprocs, env, cases = TOPOLOGIES[topology]
-        _topology_runs[topology] = CaseRun(nprocs, SCRIPT, env=env, cases=cases)
-    _topology_runs[topology].check(name)
+    nprocs, env, cases = TOPOLOGIES[topology]
+    shared_launch(nprocs, SCRIPT, env=env, cases=cases).check(name)

@@ -1,15 +1,7 @@
 """Invalid DDL_* environment values: a clear error on every rank, no hang."""
 
 import pytest
-from conftest import CaseRun
-
-_run = {}
-
-
-def launch():
-    if "run" not in _run:
-        _run["run"] = CaseRun(3, "bad_config.py", timeout=180)
-    return _run["run"]
+from conftest import shared_launch
 
 
 @pytest.mark.parametrize("name", [
@@ -19,4 +11,4 @@ def launch():
     "DDL_PEER_TIMEOUT_S=soon", "DDL_TIMELINE=/nonexistent/dir/trace.json",
     "valid_after_fix"])
 def test_bad_value_fails_on_every_rank(name):
-    launch().check(name)
+    shared_launch(3, "bad_config.py").check(name)

@@ -5,25 +5,17 @@ each case is reported here as its own test.
 """
 
 import pytest
-from conftest import CaseRun, case_names
+from conftest import case_names, shared_launch
 
 SCRIPT = "strategy_cases.py"
-_runs = {}
-
-
-def launch(nprocs):
-    if nprocs not in _runs:
-        _runs[nprocs] = CaseRun(nprocs, SCRIPT)
-    return _runs[nprocs]
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("name", case_names(SCRIPT))
 def test_case(nprocs, name):
-    launch(nprocs).check(name)
+    shared_launch(nprocs, SCRIPT).check(name)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_launch_exits_cleanly(nprocs):
-    run = launch(nprocs)
-    assert run.proc.returncode == 0, run.proc.stderr[-4000:]
+    shared_launch(nprocs, SCRIPT).check_clean_exit()
