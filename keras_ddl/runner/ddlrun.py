@@ -74,6 +74,14 @@ def validate(args):
         raise UsageError("no command given: ddlrun -np N python train.py ...")
     if args.np < 1:
         raise UsageError(f"-np must be >= 1, got {args.np}")
+    program = shutil.which(args.command[0]) or (args.command[0] if os.path.exists(args.command[0])
+                                                 else None)
+    if program is None:
+        raise UsageError(f"program '{args.command[0]}' not found")
+    if os.path.basename(args.command[0]).startswith("python") and len(args.command) > 1:
+        script = args.command[1]
+        if script.endswith(".py") and not os.path.isfile(script):
+            raise UsageError(f"script '{script}' does not exist")
     env = {}
     if args.fusion_threshold_mb is not None:
         if not 0 <= args.fusion_threshold_mb <= 65536:
