@@ -22,14 +22,15 @@ void Executor::Run(std::vector<Work>& ready) {
   // Batches keyed by (dtype, op) in order of first appearance: the same list
   // on every rank gives the same batches everywhere.
   std::vector<std::vector<Work*>> batches;
+  std::vector<size_t> batch_bytes;                        // parallel to batches
   std::map<std::pair<DataType, ReduceOp>, size_t> open;  // key -> index into batches
-  std::map<size_t, size_t> batch_bytes;
   for (Work& w : ready) {
     if (w.collective != Collective::kAllreduce) continue;
     auto key = std::make_pair(w.dtype, w.op);
     auto it = open.find(key);
     if (it == open.end() || batch_bytes[it->second] + Bytes(w) > threshold) {
       batches.emplace_back();
+      batch_bytes.push_back(0);
       it = open.insert_or_assign(key, batches.size() - 1).first;
     }
     batches[it->second].push_back(&w);
