@@ -111,6 +111,8 @@ def _at_exit():
         import sys
         sys.stderr.write("[keras_ddl] a peer rank failed; aborting the MPI job\n")
         sys.stderr.flush()
+        import time
+        time.sleep(1.0)  # let the other live ranks report their errors first
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(1)
     shutdown()

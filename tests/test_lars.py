@@ -167,6 +167,7 @@ def test_inherited_exclude_from_weight_decay_method():
 
 
 def test_default_exclusions_on_a_real_model():
+    keras.backend.clear_session()  # layer names below assume fresh name counters
     model = keras.Sequential(
         [
             keras.Input((6,)),
