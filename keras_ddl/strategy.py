@@ -106,6 +106,11 @@ def _check_versions():
                 RuntimeWarning)
 
 
+def _keras_policy():
+    import keras
+    return keras.mixed_precision.global_policy().name
+
+
 def _default_device():
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
@@ -424,6 +429,11 @@ class _DDLExtended(_ExtendedBase):
     # running replica functions
 
     def _call_for_each_replica(self, fn, args, kwargs):
+        if self._size > 1 and _keras_policy() == "mixed_float16":
+            _warn_once("float16",
+                       "keras_ddl: mixed_float16 is not supported by DDLStrategy: Keras' "
+                       "loss-scale optimizer decides from each rank's own gradients whether a "
+                       "step is finite, so ranks can disagree and stall. Use mixed_bfloat16.")
         with tf.device(self._device), _DDLReplicaContext(self._container_strategy()):
             return fn(*args, **kwargs)
 
@@ -471,9 +481,10 @@ class _DDLExtended(_ExtendedBase):
 
     def _distributed(self, dataset, options):
         if self._on_host:
-            # Computing where the input lives: the plain dataset is what fit
-            # and custom loops need. (TensorFlow's DistributedDataset would
-            # build a multi-device iterator, ~1 s of tracing every epoch.)
+            # The replica computes where the input already is: hand over the
+            # plain dataset, which fit and custom loops iterate as is.
+            # (TensorFlow's DistributedDataset would build a multi-device
+            # iterator: ~1 s of tracing at every epoch.)
             return dataset
         return _input_util.get_distributed_dataset(
             dataset, self._input_workers_with_options(options), self._container_strategy(),
@@ -545,7 +556,8 @@ class DDLStrategy(tf.distribute.Strategy):
         grouped allreduce (one negotiation, one fused transfer). True issues
         one allreduce per gradient, each starting as soon as that gradient is
         computed, so communication overlaps the rest of the backward pass
-        (the engine still fuses those ready together). Same results.
+        (the engine still fuses those ready together). Same results up to
+        float rounding.
     """
 
     def __init__(self, device=None, rank_zero_callbacks=True, overlap_gradients=False):
