@@ -7,6 +7,7 @@ callbacks = [
     ddl.callbacks.LearningRateWarmupCallback(initial_lr=0.1 * ddl.size(), warmup_epochs=5),
     keras.callbacks.ReduceLROnPlateau(monitor="val_loss"),   # sees global values
     ddl.callbacks.on_rank(0, keras.callbacks.ModelCheckpoint("ckpt-{epoch}.keras")),
+    ddl.callbacks.BackupAndRestore("backup"),            # resume after a kill
 ]
 ```
 
@@ -23,10 +24,12 @@ import numpy as np
 import tensorflow as tf
 
 from . import basics
+from .checkpoint import BackupAndRestore
 from .ops import Average, allreduce, broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateWarmupCallback", "LearningRateScheduleCallback", "on_rank"]
+           "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BackupAndRestore",
+           "on_rank"]
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

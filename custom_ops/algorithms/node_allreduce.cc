@@ -95,10 +95,23 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
     for (int i = 0; i < n; ++i) offset[i + 1] = offset[i] + slice[i];
     char* mine = arena_.Slot(me, slot) + offset[me] * elem;
     arena_.WaitForAll(ShmArena::kPosted, k + 1);
-    // Ranks add in rank order, into their own slot; each slice has one
-    // owner, so every rank later copies out identical bytes.
-    for (int i = 0; i < n; ++i) {
-      if (i != me) ReduceInto(mine, arena_.Slot(i, slot) + offset[me] * elem, slice[me], dtype, op);
+    // Each slice has one owner, so every rank later copies out identical
+    // bytes. The owner adds the local ranks' values in rank order
+    // ((x0 + x1) + x2) + ..., whoever it is, so an element's sum does not
+    // depend on which slice it falls in: the same tensors give the same
+    // bits however they are fused into chunks. Owners 0 and 1 start from
+    // their own slot (x1 + x0 == x0 + x1 exactly); a later owner parks its
+    // values and starts from rank 0's.
+    const size_t slice_bytes = static_cast<size_t>(slice[me]) * elem;
+    if (me >= 2 && slice_bytes > 0) {
+      parked_.resize(slice_bytes);
+      std::memcpy(parked_.data(), mine, slice_bytes);
+      std::memcpy(mine, arena_.Slot(0, slot) + offset[me] * elem, slice_bytes);
+    }
+    for (int i = me >= 2 ? 1 : 0; i < n; ++i) {
+      if (i == me && me < 2) continue;  // already in `mine`
+      const char* values = i == me ? parked_.data() : arena_.Slot(i, slot) + offset[me] * elem;
+      ReduceInto(mine, values, slice[me], dtype, op);
     }
     lap(t.reduce_scatter);
     if (across && slice[me] > 0) {

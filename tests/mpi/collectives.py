@@ -139,6 +139,24 @@ def allreduce_is_bitwise_identical_on_every_rank():
 
 
 @case
+def shared_memory_sum_is_in_rank_order_whatever_the_fusion():
+    # On one node every element is summed ((x0 + x1) + x2) + ..., so a
+    # tensor's result has the same bits alone or fused behind other tensors
+    # (which moves it across slice owners): a restarted run that fuses
+    # differently still reproduces the same weights.
+    assert ddl.allreduce_algorithm() == "shared_memory", ddl.allreduce_algorithm()
+    rng = np.random.default_rng(rank + 11)
+    x = (rng.standard_normal(100003) * 1000).astype(np.float32)
+    ordered = np.zeros_like(x)
+    for r, xr in enumerate(MPI.COMM_WORLD.allgather(x)):
+        ordered = xr.copy() if r == 0 else ordered + xr
+    assert_exact(ddl.allreduce(tf.constant(x), op=ddl.Sum).numpy(), ordered, "alone")
+    for pad in (1, 333, 70001):
+        got = ddl.grouped_allreduce([tf.ones([pad]), tf.constant(x)], op=ddl.Sum)[1].numpy()
+        assert_exact(got, ordered, f"behind {pad} elements")
+
+
+@case
 def grouped_allreduce_200_tensors_mixed():
     specs = []
     for i in range(200):
