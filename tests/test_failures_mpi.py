@@ -3,9 +3,12 @@ ends the job with an error that names the rank (and the tensor)."""
 
 import os
 import re
+import subprocess
+import sys
 import time
 
-from conftest import MPI_DIR, run_mpi
+import pytest
+from conftest import MPI_DIR, TESTS_DIR, launch_env, run_mpi
 
 SCRIPT = os.path.join(MPI_DIR, "failures.py")
 
@@ -39,11 +42,30 @@ def test_hung_rank_is_named_and_the_job_ends():
     assert max(times) < 60, times
 
 
-def test_killed_rank_ends_the_job_non_zero():
-    proc, elapsed = launch("kill", {"DDL_PEER_TIMEOUT_S": "5"})
+@pytest.mark.parametrize("how", ["kill", "exit", "raise"])
+def test_dead_rank_ends_the_job_and_ddlrun_names_it(how):
+    # Through ddlrun: MPICH's launcher reports a dead rank by a PID only
+    # (not always the first to die); ddlrun names the rank.
+    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", sys.executable,
+            SCRIPT, how]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240,
+                          env=launch_env({"DDL_PEER_TIMEOUT_S": "5"}), cwd=TESTS_DIR)
+    ended = time.time()
     assert proc.returncode != 0
-    assert "RANK 1 killed" in proc.stdout
+    died = re.search(rf"^RANK 1 dies \({how}\) at ([\d.]+)$", proc.stdout, re.MULTILINE)
+    assert died, proc.stdout[-3000:]
+    assert ended - float(died.group(1)) < 30
     assert "stall not detected" not in proc.stdout
+    if how == "raise":
+        # Python's exit shuts keras_ddl down on rank 1 and then waits in
+        # MPI_Finalize: the other ranks' collectives fail and name it.
+        errs = errors(proc)
+        assert errs and set(errs) <= {0, 2}, proc.stdout[-3000:]
+        for message in errs.values():
+            assert "keras_ddl has been shut down on rank(s) [1]" in message, message
+    else:
+        assert re.search(r"^ddlrun: the job failed \(exit code \d+\); rank 1 on \S+ ended "
+                         r"first", proc.stderr, re.MULTILINE), proc.stderr[-3000:]
 
 
 def test_skipped_collective_warns_then_fails_every_rank():

@@ -134,6 +134,24 @@ void Engine::Enqueue(std::vector<Work> works) {
   for (size_t i = 0; i < rejected.size(); ++i) Finish(rejected[i], reasons[i]);
 }
 
+std::string Engine::RanksShuttingDown() {
+  // Every rank saw the shutdown flag in the same cycle, so all take part
+  // in this one extra exchange: a cleared bit is a rank that shuts down.
+  std::vector<uint64_t> bits((ctx_->size + 63) / 64, ~uint64_t(0));
+  if (shutdown_requested_) bits[ctx_->rank / 64] &= ~(uint64_t(1) << (ctx_->rank % 64));
+  try {
+    ctx_->world->AllreduceBitwiseAnd(bits, false);
+  } catch (const PeerTimeout&) {
+    return "a rank";
+  }
+  std::string ranks;
+  for (int r = 0; r < ctx_->size; ++r) {
+    if (bits[r / 64] >> (r % 64) & 1) continue;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return "rank(s) [" + ranks + "]";
+}
+
 void Engine::Shutdown() {
   shutdown_requested_ = true;
   wake_.notify_one();
@@ -314,8 +332,10 @@ bool Engine::RunCycle() {
     return false;
   }
   if (shutdown) {
-    FailAll(Status::Aborted("keras_ddl has been shut down; a collective cannot run after "
-                            "ddl.shutdown() or once any rank has shut down" + OnRank(ctx_->rank)));
+    FailAll(Status::Aborted("keras_ddl has been shut down on " + RanksShuttingDown() +
+                            ": a collective cannot run after ddl.shutdown() or once any rank "
+                            "has shut down (an uncaught exception or exit ends keras_ddl on "
+                            "its rank)" + OnRank(ctx_->rank)));
     return false;
   }
   return true;

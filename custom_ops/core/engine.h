@@ -64,6 +64,8 @@ class Engine {
   // collects probes from the live ranks and tells them) and returns the
   // message every live rank reports.
   std::string DiagnoseSilentPeers();
+  // "rank(s) [..]" that asked for shutdown this cycle (a collective step).
+  std::string RanksShuttingDown();
 
   std::unique_ptr<Context> ctx_;
   ResponseCache cache_;

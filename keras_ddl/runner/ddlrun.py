@@ -17,6 +17,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+
+from .deathwatch import DeathWatch
 
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
 
@@ -180,10 +183,35 @@ def main(argv=None):
         return 0
     child_env = dict(os.environ)
     child_env.update(env)
-    try:
-        return subprocess.run(cmd, env=child_env).returncode
-    except KeyboardInterrupt:
-        return 130
+    return run_and_name_first_death(cmd, child_env, args.np)
+
+
+def run_and_name_first_death(cmd, env, ranks):
+    """Runs the launcher; if the job fails, says which rank ended first.
+
+    MPICH's launcher reports a dead rank by a PID (not always the first to
+    die); Slurm and Open MPI name a task but not why the others stopped. The
+    ranks on this host register at init, and a DeathWatch sees the order in
+    which they end."""
+    with tempfile.TemporaryDirectory(prefix="ddlrun_ranks_") as registry:
+        env = dict(env, DDL_RANK_REGISTRY=registry)
+        watch = DeathWatch(registry, ranks).start()
+        try:
+            try:
+                code = subprocess.run(cmd, env=env).returncode
+            except KeyboardInterrupt:
+                code = 130
+        finally:
+            watch.stop()
+        if code != 0 and watch.deaths:
+            when, ranks = watch.deaths[0]
+            who = (f"rank {ranks[0]}" if len(ranks) == 1
+                   else "one of ranks " + ", ".join(map(str, ranks)))
+            sys.stderr.write(f"ddlrun: the job failed (exit code {code}); {who} on {watch.host} "
+                             f"ended first, {when:.1f} s after launch, and the launcher then "
+                             "stopped the others\n")
+            sys.stderr.flush()
+        return code
 
 
 if __name__ == "__main__":

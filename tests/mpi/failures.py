@@ -2,6 +2,8 @@
 
 hang   rank 1 stops itself (SIGSTOP) mid-training: the others must name it
 kill   rank 1 is killed (SIGKILL) mid-training: the job must end non-zero
+exit   rank 1 calls os._exit(3) mid-training: likewise
+raise  rank 1 raises SystemExit mid-training: likewise
 stall  rank 1 skips one named collective: a stall warning, then an error
        on every rank naming the tensor and the missing rank
 """
@@ -38,9 +40,13 @@ try:
             if rank == 1 and mode == "hang":
                 say("stopping")
                 os.kill(os.getpid(), signal.SIGSTOP)
-            if rank == 1 and mode == "kill":
-                say("killed")
-                os.kill(os.getpid(), signal.SIGKILL)
+            if rank == 1 and mode in ("kill", "exit", "raise"):
+                say(f"dies ({mode}) at {time.time():.3f}")
+                if mode == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if mode == "exit":
+                    os._exit(3)
+                raise SystemExit("rank 1 gives up")  # escapes the handler below
 except Exception as e:
     say(f"ERROR {type(e).__name__} after {time.time() - start:.1f}s: {e}")
     sys.exit(1)
