@@ -2,12 +2,12 @@
 
 ```python
 callbacks = [
+    ddl.callbacks.BackupAndRestore("backup"),            # first: resume after a kill
     ddl.callbacks.BroadcastGlobalVariablesCallback(0),   # same start on every rank
     ddl.callbacks.MetricAverageCallback(),               # before anything reading logs
     ddl.callbacks.LearningRateWarmupCallback(initial_lr=0.1 * ddl.size(), warmup_epochs=5),
     keras.callbacks.ReduceLROnPlateau(monitor="val_loss"),   # sees global values
     ddl.callbacks.on_rank(0, keras.callbacks.ModelCheckpoint("ckpt-{epoch}.keras")),
-    ddl.callbacks.BackupAndRestore("backup"),            # resume after a kill
 ]
 ```
 
