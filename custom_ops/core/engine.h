@@ -81,6 +81,7 @@ class Engine {
   // Engine-thread state.
   std::unordered_map<std::string, Pending> pending_;
   std::vector<Request> unsent_;  // requests to offer by name in the next cycle
+  int idle_cycles_ = 0;          // cycles in a row with nothing to do
   std::thread thread_;
 };
 

@@ -21,7 +21,7 @@ def parse(argv):
     model.add_arguments(mo)
     fit = sub.add_parser("fit", help="model.fit step time: DDLStrategy vs plain Keras "
                                      "(one process), weak scaling (--scaling N)")
-    fit.add_argument("--batch", type=int, default=16, help="per-rank batch size")
+    fit.add_argument("--batch", type=int, default=32, help="per-rank batch size")
     fit.add_argument("--steps", type=int, default=10, help="steps per timed fit (>= 3)")
     fit.add_argument("--reps", type=int, default=7, help="interleaved repetitions")
     fit.add_argument("--threads", type=int, default=1,
@@ -30,6 +30,9 @@ def parse(argv):
                      help="launch 1 and N ranks (mpiexec -bind-to core) and report weak scaling")
     fit.add_argument("--rounds", type=int, default=3,
                      help="with --scaling: alternating launches per rank count")
+    fit.add_argument("--independent", action="store_true",
+                     help="each rank trains plain Keras alone (no collectives): the "
+                          "control for --scaling")
     fit.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if getattr(args, "reps", 1) < 1:

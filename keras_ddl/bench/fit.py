@@ -19,6 +19,12 @@ per-rank batch (auto_shard_policy OFF), so the per-rank batch is fixed.
     0.95). The 1-rank run is the same DDLStrategy program in a world of
     one, so it also pays nothing for the engine that N ranks run.
 (3) DDLStrategy's step time with N ranks (the slowest rank's).
+    With ``--independent`` every rank trains plain Keras on its own, no
+    collectives: (2) runs this too, as the control that separates what N
+    processes cost each other through the machine (shared caches, memory
+    bandwidth, SMT siblings) from what communication costs:
+    ``efficiency = machine x communication``, where ``machine`` = 1 rank /
+    N independent ranks and ``communication`` = N independent / N ranks.
 
 A repetition is one ``fit`` of ``--steps`` steps; a step's time is the
 interval between consecutive ``on_train_batch_end`` calls (the first step
@@ -114,7 +120,7 @@ def _measure(args):
     size, rank = ddl.size(), ddl.rank()
     strategy = ddl.DDLStrategy()
     keras.utils.set_random_seed(0)
-    plain = _compile(keras, _cnn(keras)) if size == 1 else None
+    plain = _compile(keras, _cnn(keras)) if size == 1 or args.independent else None
     with strategy.scope():
         distributed = _compile(keras, _cnn(keras))
     data = _synthetic(tf, args.batch, seed=rank)
@@ -126,7 +132,10 @@ def _measure(args):
                   callbacks=[clock.callback])
         return clock.per_step()
 
-    models = {"ddl": distributed} if plain is None else {"plain": plain, "ddl": distributed}
+    if args.independent:
+        models = {"plain": plain}
+    else:
+        models = {"ddl": distributed} if plain is None else {"plain": plain, "ddl": distributed}
     for model in models.values():
         timed(model)  # warm-up: tracing
     results = {name: [] for name in models}
@@ -162,6 +171,14 @@ def _model_label(result):
 
 def _print_measurement(result):
     from .common import print_table
+    if "ddl" not in result["step_s"]:  # --independent
+        plain_ms, plain_min, plain_cpu = (1e3 * v for v in _summary(result["step_s"]["plain"]))
+        rows = [{"model": _model_label(result), "ranks": result["ranks"],
+                 "batch_per_rank": result["batch_per_rank"], "cores": result["cores"],
+                 "plain_ms": plain_ms, "plain_min": plain_min, "plain_cpu": plain_cpu}]
+        print_table(f"fit step time, {result['ranks']} independent plain-Keras processes "
+                    "(no collectives)", list(rows[0]), rows)
+        return
     ddl_ms, ddl_min, ddl_cpu = (1e3 * v for v in _summary(result["step_s"]["ddl"]))
     if "plain" in result["step_s"]:
         plain_ms, plain_min, plain_cpu = (1e3 * v for v in _summary(result["step_s"]["plain"]))
@@ -194,10 +211,12 @@ def _mpiexec():
     return path
 
 
-def _launch(args, ranks, path):
+def _launch(args, ranks, path, independent=False):
     argv = [_mpiexec(), "-n", str(ranks), "-bind-to", "core", sys.executable, "-m",
             "keras_ddl.bench", "fit", "--batch", str(args.batch), "--steps", str(args.steps),
             "--reps", str(args.reps), "--threads", str(args.threads), "--json", path]
+    if independent:
+        argv.append("--independent")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -209,21 +228,28 @@ def _launch(args, ranks, path):
 def _scaling(args):
     """Alternating launches with 1 and N ranks; prints the weak-scaling table."""
     n = args.scaling
-    samples = {1: [], n: []}
+    samples = {1: [], n: [], "independent": []}
     meta = {}
     with tempfile.TemporaryDirectory(prefix="ddl_bench_fit_") as tmp:
         for round_ in range(args.rounds):
-            for ranks in (1, n):
-                result = _launch(args, ranks, os.path.join(tmp, f"{ranks}.{round_}.json"))
-                samples[ranks] += result["step_s"]["ddl"]
+            for ranks in (1, n, "independent"):
+                path = os.path.join(tmp, f"{ranks}.{round_}.json")
+                if ranks == "independent":
+                    result = _launch(args, n, path, independent=True)
+                    samples[ranks] += result["step_s"]["plain"]
+                else:
+                    result = _launch(args, ranks, path)
+                    samples[ranks] += result["step_s"]["ddl"]
                 meta[ranks] = result
     one, one_min, one_cpu = (1e3 * v for v in _summary(samples[1]))
     many, many_min, many_cpu = (1e3 * v for v in _summary(samples[n]))
+    alone, alone_min, _ = (1e3 * v for v in _summary(samples["independent"]))
     row = {"model": _model_label(meta[n]), "ranks": n, "batch_per_rank": args.batch,
            "steps": args.steps, "reps": args.reps * args.rounds, "cores": meta[n]["cores"],
            "1rank_ms": one, f"{n}rank_ms": many, "efficiency": one / many,
            "1rank_min": one_min, f"{n}rank_min": many_min, "efficiency_min": one_min / many_min,
            "1rank_cpu": one_cpu, f"{n}rank_cpu": many_cpu, "efficiency_cpu": one_cpu / many_cpu,
+           f"{n}x1_indep_ms": alone, "machine": one / alone, "communication": alone / many,
            "img_per_s": n * args.batch / many * 1e3,
            "identical": "yes" if meta[n]["identical"] else "NO", "target": ">=0.95"}
     _print_rows(f"weak scaling: DDLStrategy on 1 rank vs {n} ranks, one core each "
