@@ -21,6 +21,10 @@ def parse(argv):
     model.add_arguments(mo)
     fit = sub.add_parser("fit", help="model.fit step time: DDLStrategy vs plain Keras "
                                      "(one process), weak scaling (--scaling N)")
+    fit.add_argument("--model", choices=["cnn", "resnet50"], default="cnn",
+                     help="small CNN (default) or Keras' ResNet-50")
+    fit.add_argument("--image-size", type=int,
+                     help="synthetic image side (default: 32 for cnn, 224 for resnet50)")
     fit.add_argument("--batch", type=int, default=32, help="per-rank batch size")
     fit.add_argument("--steps", type=int, default=10, help="steps per timed fit (>= 3)")
     fit.add_argument("--reps", type=int, default=7, help="interleaved repetitions")

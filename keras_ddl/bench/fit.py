@@ -5,7 +5,9 @@
     mpiexec -n 2 -bind-to core python -m keras_ddl.bench fit   # (3) one N-rank measurement
 
 The model is a small compute-bound CNN (four 3x3 convolutions on 32x32x3
-synthetic images, ~66k parameters, SGD, accuracy metric); TensorFlow runs
+synthetic images, ~66k parameters, SGD, accuracy metric), or with
+``--model resnet50`` Keras' ResNet-50 (25.6 M parameters, 1000 classes,
+``--image-size``, default 224); TensorFlow runs
 one intra-op and one inter-op thread per process (``--threads``), so a
 process is one core's worth of work. Each rank reads its own synthetic
 per-rank batch (auto_shard_policy OFF), so the per-rank batch is fixed.
@@ -47,22 +49,42 @@ import time
 
 import numpy as np
 
-IMAGE = (32, 32, 3)
-CLASSES = 10
+CNN_IMAGE = 32
+CNN_CLASSES = 10
+RESNET_CLASSES = 1000
 
 
-def _cnn(keras):
+def _cnn(keras, image_size):
     layers = keras.layers
     return keras.Sequential([
-        keras.Input(IMAGE),
+        keras.Input((image_size, image_size, 3)),
         layers.Conv2D(32, 3, padding="same", activation="relu"),
         layers.Conv2D(32, 3, padding="same", activation="relu"),
         layers.MaxPooling2D(),
         layers.Conv2D(64, 3, padding="same", activation="relu"),
         layers.Conv2D(64, 3, padding="same", activation="relu"),
         layers.GlobalAveragePooling2D(),
-        layers.Dense(CLASSES),
+        layers.Dense(CNN_CLASSES),
     ])
+
+
+def _resnet50(keras, image_size):
+    # Keras' own ResNet-50 (25.6 M parameters, 214 trainable tensors), logits out
+    return keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
+                                       classes=RESNET_CLASSES, classifier_activation=None)
+
+
+def _image_size(args):
+    return args.image_size or (224 if args.model == "resnet50" else CNN_IMAGE)
+
+
+def _build(keras, args):
+    build = _resnet50 if args.model == "resnet50" else _cnn
+    return build(keras, _image_size(args))
+
+
+def _classes(args):
+    return RESNET_CLASSES if args.model == "resnet50" else CNN_CLASSES
 
 
 def _compile(keras, model):
@@ -72,10 +94,11 @@ def _compile(keras, model):
     return model
 
 
-def _synthetic(tf, batch, seed):
+def _synthetic(tf, args, seed):
     rng = np.random.default_rng(seed)
-    x = rng.random((batch,) + IMAGE, dtype=np.float32)
-    y = rng.integers(0, CLASSES, batch)
+    size = _image_size(args)
+    x = rng.random((args.batch, size, size, 3), dtype=np.float32)
+    y = rng.integers(0, _classes(args), args.batch)
     options = tf.data.Options()
     # each rank's dataset is already its own per-replica batch
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -120,10 +143,10 @@ def _measure(args):
     size, rank = ddl.size(), ddl.rank()
     strategy = ddl.DDLStrategy()
     keras.utils.set_random_seed(0)
-    plain = _compile(keras, _cnn(keras)) if size == 1 or args.independent else None
+    plain = _compile(keras, _build(keras, args)) if size == 1 or args.independent else None
     with strategy.scope():
-        distributed = _compile(keras, _cnn(keras))
-    data = _synthetic(tf, args.batch, seed=rank)
+        distributed = _compile(keras, _build(keras, args))
+    data = _synthetic(tf, args, seed=rank)
     clock = _StepClock(keras)
 
     def timed(model):
@@ -151,7 +174,8 @@ def _measure(args):
                               if hasattr(os, "sched_getaffinity") else None)
     return {
         "ranks": size, "batch_per_rank": args.batch, "steps": args.steps, "reps": args.reps,
-        "threads": args.threads,
+        "threads": args.threads, "model": args.model,
+        "image_size": _image_size(args),
         "params": int(sum(np.prod(w.shape) for w in distributed.trainable_weights)),
         "cores": ";".join(",".join(map(str, a)) if a else "?" for a in affinity),
         "identical": len(set(COMM.allgather(digest))) == 1,
@@ -166,7 +190,11 @@ def _summary(samples):
 
 
 def _model_label(result):
-    return f"cnn {result['params'] // 1000}k params"
+    model, params = result.get("model", "cnn"), result["params"]
+    size = result.get("image_size", CNN_IMAGE)
+    if params >= 1e6:
+        return f"{model} {size}px {params / 1e6:.1f}M params"
+    return f"{model} {size}px {params // 1000}k params"
 
 
 def _print_measurement(result):
@@ -214,7 +242,10 @@ def _mpiexec():
 def _launch(args, ranks, path, independent=False):
     argv = [_mpiexec(), "-n", str(ranks), "-bind-to", "core", sys.executable, "-m",
             "keras_ddl.bench", "fit", "--batch", str(args.batch), "--steps", str(args.steps),
-            "--reps", str(args.reps), "--threads", str(args.threads), "--json", path]
+            "--reps", str(args.reps), "--threads", str(args.threads), "--json", path,
+            "--model", args.model]
+    if args.image_size:
+        argv += ["--image-size", str(args.image_size)]
     if independent:
         argv.append("--independent")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))

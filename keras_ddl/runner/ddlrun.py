@@ -113,6 +113,7 @@ def validate(args):
         env["DDL_STALL_TIMEOUT_S"] = repr(args.stall_timeout_s)
     if args.bind_to_core:
         env["TF_NUM_INTRAOP_THREADS"] = "1"
+        env["TF_NUM_INTEROP_THREADS"] = "1"
         env["OMP_NUM_THREADS"] = "1"
     hosts = None
     if args.hosts:
