@@ -51,7 +51,6 @@ class NodeAllreduce {
   int world_size_;
   TrafficCounters& traffic_;
   uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls
-  std::vector<char> parked_;   // an owner's own slice while it sums in rank order
 };
 
 }  // namespace ddl

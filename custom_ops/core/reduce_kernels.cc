@@ -85,31 +85,32 @@ inline T Apply(T a, T b, ReduceOp op) {
   return a;
 }
 
-// One loop per op so the compiler can vectorise the common Sum case.
+// dst = a op b, one loop per op so the compiler can vectorise the common
+// Sum case. dst may alias a (ReduceInto).
 template <typename T>
-void ReduceTyped(T* dst, const T* src, int64_t count, ReduceOp op) {
+void ReduceTyped(T* dst, const T* a, const T* b, int64_t count, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
-      for (int64_t i = 0; i < count; ++i) dst[i] = dst[i] + src[i];
+      for (int64_t i = 0; i < count; ++i) dst[i] = a[i] + b[i];
       return;
     case ReduceOp::kProduct:
-      for (int64_t i = 0; i < count; ++i) dst[i] = dst[i] * src[i];
+      for (int64_t i = 0; i < count; ++i) dst[i] = a[i] * b[i];
       return;
     case ReduceOp::kMin:
-      for (int64_t i = 0; i < count; ++i) dst[i] = std::min(dst[i], src[i]);
+      for (int64_t i = 0; i < count; ++i) dst[i] = std::min(a[i], b[i]);
       return;
     case ReduceOp::kMax:
-      for (int64_t i = 0; i < count; ++i) dst[i] = std::max(dst[i], src[i]);
+      for (int64_t i = 0; i < count; ++i) dst[i] = std::max(a[i], b[i]);
       return;
   }
 }
 
 // 16-bit floats are reduced in float and rounded back once per pairwise step.
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Reduce16(uint16_t* dst, const uint16_t* src, int64_t count, ReduceOp op) {
+void Reduce16(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t count, ReduceOp op) {
   for (int64_t i = 0; i < count; ++i) {
-    dst[i] = FromFloat(Apply(ToFloat(dst[i]), ToFloat(src[i]), op));
+    dst[i] = FromFloat(Apply(ToFloat(a[i]), ToFloat(b[i]), op));
   }
 }
 
@@ -127,27 +128,40 @@ void Divide16(uint16_t* buffer, int64_t count, int divisor) {
 
 }  // namespace
 
-void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
+void ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType dtype,
+              ReduceOp op) {
   switch (dtype) {
     case DataType::kFloat16:
       return Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
-                                                static_cast<const uint16_t*>(src), count, op);
+                                                static_cast<const uint16_t*>(a),
+                                                static_cast<const uint16_t*>(b), count, op);
     case DataType::kBFloat16:
-      return Reduce16<BFloat16ToFloat, FloatToBFloat16>(
-          static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, op);
+      return Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst),
+                                                        static_cast<const uint16_t*>(a),
+                                                        static_cast<const uint16_t*>(b), count, op);
     case DataType::kFloat32:
-      return ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(src), count, op);
+      return ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(a),
+                         static_cast<const float*>(b), count, op);
     case DataType::kFloat64:
-      return ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(src), count, op);
+      return ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(a),
+                         static_cast<const double*>(b), count, op);
     case DataType::kInt32:
-      return ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, op);
+      return ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                         static_cast<const int32_t*>(b), count, op);
     case DataType::kInt64:
-      return ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, op);
+      return ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                         static_cast<const int64_t*>(b), count, op);
     case DataType::kUInt8:
-      return ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);
+      return ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                         static_cast<const uint8_t*>(b), count, op);
     case DataType::kInt8:
-      return ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, op);
+      return ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(a),
+                         static_cast<const int8_t*>(b), count, op);
   }
+}
+
+void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
+  ReduceTo(dst, dst, src, count, dtype, op);
 }
 
 void DivideBy(void* buffer, int64_t count, DataType dtype, int divisor) {

@@ -11,6 +11,10 @@ namespace ddl {
 // dst[i] = op(dst[i], src[i]) for i in [0, count).
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
 
+// dst[i] = op(a[i], b[i]) for i in [0, count); dst may equal a.
+void ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType dtype,
+              ReduceOp op);
+
 // buffer[i] = buffer[i] / divisor, rounded once in the buffer's dtype.
 // Only floating dtypes; integer Average is rejected before it gets here.
 void DivideBy(void* buffer, int64_t count, DataType dtype, int divisor);
