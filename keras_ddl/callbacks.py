@@ -29,7 +29,7 @@ from .ops import Average, allreduce, broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BackupAndRestore",
-           "on_rank"]
+           "TimelineCallback", "on_rank"]
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -345,6 +345,38 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if not self.staircase and self._active(self._epoch):
             set_learning_rate(self.model, self.learning_rate(self._epoch, batch),
                               self.momentum_correction)
+
+
+class TimelineCallback(keras.callbacks.Callback):
+    """Marks training steps in the `DDL_TIMELINE` trace.
+
+    Adds an instant event ``"epoch E step S"`` when each training step
+    starts (every `every_n_steps`-th step) and ``"epoch E"`` when an epoch
+    starts, so the per-tensor spans of the trace (negotiation, copies,
+    allreduce phases) can be read step by step in chrome://tracing or
+    Perfetto. Rank 0 writes the trace; on the other ranks, or without
+    `DDL_TIMELINE`, the marks cost a function call.
+
+    Args:
+        every_n_steps: mark one step in this many (at least 1).
+    """
+
+    def __init__(self, every_n_steps=1):
+        super().__init__()
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) \
+                or every_n_steps < 1:
+            raise ValueError("keras_ddl: TimelineCallback every_n_steps must be an int >= 1, "
+                             f"got {every_n_steps!r}")
+        self.every_n_steps = every_n_steps
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        basics.timeline_mark(f"epoch {epoch}")
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch % self.every_n_steps == 0:
+            basics.timeline_mark(f"epoch {self._epoch} step {batch}")
 
 
 _HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",

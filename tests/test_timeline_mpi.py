@@ -54,7 +54,17 @@ def test_every_reduced_tensor_has_every_phase(timelines, run, phases):
 def test_markers_and_nested_phases(timelines):
     events = timelines["auto"]
     marks = [e["name"] for e in events if e.get("ph") == "i"]
-    assert marks == [f"auto step {s}" for s in range(3)]
+    fit_marks = [m for m in marks if m.startswith("epoch")]
+    assert marks[:3] == [f"auto step {s}" for s in range(3)]
+    # ddl.callbacks.TimelineCallback in a 2-epoch, 3-step DDLStrategy fit
+    assert fit_marks == [f"epoch {e}{suffix}" for e in range(2)
+                         for suffix in ("", " step 0", " step 1", " step 2")]
+    # each marked step holds the allreduce of that step's gradients
+    stamps = [e["ts"] for e in events if e.get("ph") == "i" and " step " in e["name"]
+              and e["name"].startswith("epoch")]
+    reduces = [e["ts"] for e in events if e.get("ph") == "X" and e["name"] == "ALLREDUCE"]
+    for begin, end in zip(stamps, stamps[1:]):
+        assert any(begin <= t < end for t in reduces), (begin, end)
     for e in rows(events)["auto.single"]:
         if e["name"] == "ALLREDUCE":
             inner = [p for p in rows(events)["auto.single"]

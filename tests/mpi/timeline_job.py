@@ -23,9 +23,23 @@ def workload(tag):
     ddl.broadcast(tf.ones([4]), root_rank=1, name=f"{tag}.bcast")
 
 
+def fit_with_step_marks():
+    import keras
+    strategy = ddl.DDLStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.ones((12, 4), np.float32)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :2])).batch(4).with_options(options)
+    model.fit(data, epochs=2, verbose=0, callbacks=[ddl.callbacks.TimelineCallback()])
+
+
 os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "auto.json")
 ddl.init()
 workload("auto")
+fit_with_step_marks()
 ddl.shutdown()
 
 os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "flat.json")
