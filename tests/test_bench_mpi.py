@@ -1,5 +1,5 @@
-"""The allreduce benchmark at tiny sizes: the table's structure and wrong == 0.
-(Its real results live in docs/PERFORMANCE.md, not in assertions.)"""
+"""The MPI benchmarks at tiny sizes: the tables' structure and wrong == 0.
+(Their real results live in docs/PERFORMANCE.md, not in assertions.)"""
 
 import json
 import subprocess
@@ -12,7 +12,7 @@ def test_allreduce_benchmark_tables(tmp_path):
     out = tmp_path / "bench.json"
     argv = [mpiexec_path(), "-n", "2", sys.executable, "-m", "keras_ddl.bench", "allreduce",
             "--sizes", "4096,65536,1048580", "--reps", "1", "--gradient-tensors", "12",
-            "--json", str(out)]
+            "--json", str(out), "--plot", str(tmp_path / "busbw.png")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=launch_env(),
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -28,3 +28,28 @@ def test_allreduce_benchmark_tables(tmp_path):
         assert abs(r["speedup"] - r["baseline_us"] / r["time_us"]) < 1e-6
     grads = result["resnet50_gradients"]
     assert grads[0]["wrong"] == 0 and "12 tensors" in grads[0]["tensors"]
+    assert (tmp_path / "busbw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_all_runs_mwms_allreduce_and_fit(tmp_path):
+    # MWMS must create its strategy before any other TensorFlow op: `all`
+    # runs it first, then the allreduce tables, then fit, in one launch.
+    argv = [mpiexec_path(), "-n", "2", sys.executable, "-m", "keras_ddl.bench", "all",
+            "--quick", "--json", str(tmp_path / "r")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=launch_env(),
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = ("size count type redop ddl_us mwms_us ddl_busbw_GBps mwms_busbw_GBps speedup "
+              "wrong")
+    assert header in " ".join(proc.stdout.split())
+    mwms = json.loads((tmp_path / "r.mwms.json").read_text())
+    assert [r["count"] for r in mwms["mwms"]] == [1024, 262144]
+    for r in mwms["mwms"] + mwms["resnet50_gradients"]:
+        assert r["wrong"] == 0 and r["ddl_us"] > 0 and r["mwms_us"] > 0
+        assert abs(r["speedup"] - r["mwms_us"] / r["ddl_us"]) < 1e-6
+    assert "8 tensors" in mwms["resnet50_gradients"][0]["tensors"]
+    reduced = json.loads((tmp_path / "r.allreduce.json").read_text())
+    assert all(r["wrong"] == 0 for r in reduced["allreduce"])
+    assert reduced["resnet50_gradients"][0]["wrong"] == 0  # the grouped row is checked
+    fit = json.loads((tmp_path / "r.fit.json").read_text())
+    assert fit["ranks"] == 2 and fit["identical"] and len(fit["step_s"]["ddl"]) == 1

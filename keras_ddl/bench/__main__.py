@@ -1,4 +1,4 @@
-"""``python -m keras_ddl.bench {allreduce,fit,model}``; prints tables (see BENCHMARKS.md)."""
+"""``python -m keras_ddl.bench {allreduce,mwms,fit,all,model}``; prints tables (see BENCHMARKS.md)."""
 
 import argparse
 import sys
@@ -15,6 +15,20 @@ def parse(argv):
     ar.add_argument("--gradient-tensors", type=int, default=None,
                     help="use only the first N tensors of the ResNet-50 list (quick checks)")
     ar.add_argument("--json", help="also write the results to this JSON file")
+    ar.add_argument("--plot", help="rank 0 writes a PNG of busbw vs size, ours and the "
+                                   "baseline (needs matplotlib)")
+    mw = sub.add_parser("mwms", help="TensorFlow MultiWorkerMirroredStrategy all_reduce vs "
+                                     "ours, same sizes and the ResNet-50 gradient list")
+    mw.add_argument("--sizes", help="comma-separated byte counts (default 4 KB ... 64 MB)")
+    mw.add_argument("--reps", type=int, default=5, help="interleaved repetitions per size")
+    mw.add_argument("--gradient-tensors", type=int, default=None,
+                    help="use only the first N tensors of the ResNet-50 list (quick checks)")
+    mw.add_argument("--json", help="also write the results to this JSON file")
+    al = sub.add_parser("all", help="mwms, allreduce and fit (this launch's N ranks) in one "
+                                    "launch; JSON files get .mwms/.allreduce/.fit suffixes")
+    al.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
+    al.add_argument("--plot", help="busbw PNG of the allreduce table")
+    al.add_argument("--json", help="JSON path prefix")
     mo = sub.add_parser("model", help="alpha-beta scaling model: predicted efficiency at "
                                       "8 ... 1024 GPUs vs published points (no launcher needed)")
     from . import model
@@ -44,9 +58,41 @@ def parse(argv):
     return args
 
 
+def _all(args):
+    """The three MPI benchmarks in one launch. MWMS goes first: its strategy
+    must be created before any other TensorFlow op."""
+    import tensorflow as tf
+
+    from . import allreduce, fit, mwms
+    # fit's one-core-per-rank setting must precede TensorFlow's first op
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    quick = args.quick
+    prefix = args.json
+
+    def json_path(kind):
+        return f"{prefix}.{kind}.json" if prefix else None
+
+    mwms.main(argparse.Namespace(
+        sizes="4096,1048576" if quick else None, reps=1 if quick else 5,
+        gradient_tensors=8 if quick else None, json=json_path("mwms")))
+    allreduce.main(argparse.Namespace(
+        sizes="4096,1048576" if quick else None, reps=1 if quick else 7, skip_resnet=False,
+        gradient_tensors=8 if quick else None, json=json_path("allreduce"), plot=args.plot))
+    fit.main(argparse.Namespace(
+        model="cnn", image_size=None, batch=4 if quick else 32, steps=3 if quick else 10,
+        reps=1 if quick else 7, threads=1, scaling=None, rounds=1, independent=False,
+        json=json_path("fit")))
+
+
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
-    if args.command == "allreduce":
+    if args.command == "all":
+        _all(args)
+    elif args.command == "mwms":
+        from . import mwms
+        mwms.main(args)
+    elif args.command == "allreduce":
         from . import allreduce
         allreduce.main(args)
     elif args.command == "fit":

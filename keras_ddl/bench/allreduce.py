@@ -149,3 +149,34 @@ def main(args):
                     ["method", "tensors", "time_us", "vs_separate", "wrong"], grad_rows)
         payload["resnet50_gradients"] = grad_rows
     dump_json(args.json, payload)
+    if getattr(args, "plot", None) and COMM.Get_rank() == 0:
+        plot_busbw(args.plot, rows, n)
+
+
+def plot_busbw(path, rows, n):
+    """PNG of busbw against message size, ours and the baseline."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("# matplotlib is not installed: no plot written (pip install matplotlib)")
+        return
+    sizes = [r["count"] * 4 for r in rows]
+    factor = 2 * (n - 1) / n
+    ours = [r["busbw_GBps"] for r in rows]
+    base = [b / (r["baseline_us"] * 1e-6) / 1e9 * factor for b, r in zip(sizes, rows)]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(sizes, ours, marker="o", label="keras_ddl allreduce (TF op)")
+    ax.plot(sizes, base, marker="s", label="mpi4py comm.Allreduce")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [human_bytes(b) for b in sizes], rotation=45)
+    ax.set_xlabel("message size (float32)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"allreduce busbw, {n} ranks")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"# plot written to {path}")

@@ -131,8 +131,11 @@ def _measure(args):
     """Runs in every rank: {"plain": [...], "ddl": [...]} (wall, cpu) per step."""
     import tensorflow as tf
     # one core's worth of work per process; must precede any TensorFlow op
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    # (`bench all` sets them before its first op and skips this)
+    if tf.config.threading.get_intra_op_parallelism_threads() != args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    if tf.config.threading.get_inter_op_parallelism_threads() != args.threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     import keras
 
     import keras_ddl as ddl
