@@ -205,9 +205,9 @@ def run_and_name_first_death(cmd, env, ranks):
         finally:
             watch.stop()
         if code != 0 and watch.deaths:
-            when, ranks = watch.deaths[0]
-            who = (f"rank {ranks[0]}" if len(ranks) == 1
-                   else "one of ranks " + ", ".join(map(str, ranks)))
+            when, first = watch.deaths[0]
+            who = (f"rank {first[0]}" if len(first) == 1
+                   else "one of ranks " + ", ".join(map(str, first)))
             sys.stderr.write(f"ddlrun: the job failed (exit code {code}); {who} on {watch.host} "
                              f"ended first, {when:.1f} s after launch, and the launcher then "
                              "stopped the others\n")
