@@ -5,17 +5,24 @@ weights and optimizer state of a run that was never interrupted."""
 import glob
 import os
 import re
+import subprocess
+import sys
+import time
 
 import numpy as np
-
-from conftest import MPI_DIR, run_mpi
+from conftest import MPI_DIR, TESTS_DIR, launch_env
 
 SCRIPT = os.path.join(MPI_DIR, "resume_job.py")
 
 
 def launch(mode, backup_dir):
-    return run_mpi(3, SCRIPT, args=[mode, str(backup_dir)], env={"DDL_PEER_TIMEOUT_S": "5"},
-                   timeout=300)
+    # through ddlrun, which names the rank that died first
+    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", sys.executable, SCRIPT,
+            mode, str(backup_dir)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                          env=launch_env({"DDL_PEER_TIMEOUT_S": "5"}), cwd=TESTS_DIR)
+    proc.ended = time.time()
+    return proc
 
 
 def lines(proc, what):
@@ -62,7 +69,11 @@ def test_killed_twice_then_resumed_equals_uninterrupted(tmp_path):
     directory = tmp_path / "interrupted" / "backup"
     killed = launch("kill", directory)
     assert killed.returncode != 0
-    assert "RANK 1 killed" in killed.stdout and "FINAL" not in killed.stdout, output(killed)
+    died = re.search(r"^RANK 1 killed at ([\d.]+)$", killed.stdout, re.MULTILINE)
+    assert died and "FINAL" not in killed.stdout, output(killed)
+    assert killed.ended - float(died.group(1)) < 30, "the job outlived its dead rank by 30 s"
+    assert re.search(r"^ddlrun: the job failed \(exit code \d+\); rank 1 on \S+ ended first",
+                     killed.stderr, re.MULTILINE), output(killed)
     assert backups(directory) == ["epoch-000001"]
 
     # Run 2: resumes after epoch 1, trains epoch 2, and rank 0 dies while
