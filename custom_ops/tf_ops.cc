@@ -2,10 +2,12 @@
 // functions, and AsyncOpKernels that hand tensors to the core and return;
 // the core completes them through a callback. This is the only file that
 // includes TensorFlow headers.
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/runtime.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -48,6 +50,29 @@ bool ToDdl(DataType t, ddl::DataType* out) {
     default: return false;
   }
 }
+
+// A result the core placed in memory of its own (node shared memory, which
+// the other local ranks' outputs view too): the core's handle, not a
+// TensorFlow allocator, keeps it alive for as long as any tensor views it.
+// It does not count as owning its memory, so TensorFlow never hands it to
+// an op that would overwrite it in place.
+class CoreOwnedBuffer : public TensorBuffer {
+ public:
+  CoreOwnedBuffer(void* data, size_t bytes, std::shared_ptr<void> hold)
+      : TensorBuffer(data), bytes_(bytes), hold_(std::move(hold)) {}
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocated_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocator_name("keras_ddl_shared_memory");
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  size_t bytes_;
+  std::shared_ptr<void> hold_;
+};
 
 absl::Status SameShapes(InferenceContext* c) {
   for (int i = 0; i < c->num_inputs() - 1; ++i) c->set_output(i, c->input(i));
@@ -176,16 +201,32 @@ class CollectiveKernel : public AsyncOpKernel {
     };
   }
 
+  // Allocates output `index` when the core asks; `reuse_input` lets it take
+  // over input `index`'s buffer when nothing else holds it.
   static std::function<ddl::Status(const std::vector<int64_t>&, void**)> Allocator(
-      OpKernelContext* ctx) {
-    return [ctx](const std::vector<int64_t>& shape, void** data) {
+      OpKernelContext* ctx, int index = 0, bool reuse_input = false) {
+    return [ctx, index, reuse_input](const std::vector<int64_t>& shape, void** data) {
       TensorShape ts;
       for (int64_t d : shape) ts.AddDim(d);
       Tensor* out = nullptr;
-      absl::Status s = ctx->allocate_output(0, ts, &out);
+      absl::Status s = reuse_input
+                           ? ctx->forward_input_or_allocate_output({index}, index, ts, &out)
+                           : ctx->allocate_output(index, ts, &out);
       if (!s.ok()) return ddl::Status::Internal(std::string(s.message()));
       *data = out->data();
       return ddl::Status::Ok();
+    };
+  }
+
+  // Makes a core-owned result output `index`, with input `index`'s shape.
+  static std::function<void(void*, std::shared_ptr<void>)> Adopter(OpKernelContext* ctx,
+                                                                   int index) {
+    return [ctx, index](void* data, std::shared_ptr<void> hold) {
+      const Tensor& in = ctx->input(index);
+      auto* buffer = new CoreOwnedBuffer(data, in.TotalBytes(), std::move(hold));
+      Tensor out(in.dtype(), in.shape(), buffer);
+      buffer->Unref();  // `out` holds its own reference
+      ctx->set_output(index, out);
     };
   }
 
@@ -194,7 +235,9 @@ class CollectiveKernel : public AsyncOpKernel {
   int root_ = 0;
 };
 
-// Allreduce and broadcast: output has the input's shape, allocated here.
+// Allreduce and broadcast: output has the input's shape. Broadcast's is
+// allocated here; allreduce's when the core knows where the result goes
+// (its own shared memory, or a buffer allocated on request).
 class SameShapeKernel : public CollectiveKernel {
  public:
   SameShapeKernel(OpKernelConstruction* c, ddl::Collective collective)
@@ -207,6 +250,11 @@ class SameShapeKernel : public CollectiveKernel {
     for (int i = 0; i < members; ++i) {
       std::string name = members == 1 ? base : base + "." + std::to_string(i);
       OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, i, name, &works[i]), done);
+      if (collective_ == ddl::Collective::kAllreduce) {
+        works[i].allocate = Allocator(ctx, i, /*reuse_input=*/true);
+        works[i].adopt = Adopter(ctx, i);
+        continue;
+      }
       Tensor* out = nullptr;
       OP_REQUIRES_OK_ASYNC(
           ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);

@@ -185,13 +185,16 @@ def allreduce_algorithm():
 def traffic():
     """Bytes this rank has moved since init, by path: a dict with
     ``intra_node_bytes`` (through node shared memory), ``cross_node_bytes``
-    (handed to the cross-node phase) and ``flat_bytes`` (flat ring)."""
+    (handed to the cross-node phase), ``flat_bytes`` (flat ring) and
+    ``shared_output_bytes`` (allreduce results delivered straight into
+    node shared memory, see DDL_SHM_POOL_MB)."""
     if not is_initialized():
         init()
-    counters = (ctypes.c_uint64 * 3)()
+    counters = (ctypes.c_uint64 * 4)()
     if _core.ddl_traffic(counters) != 0:
         raise RuntimeError("keras_ddl is not initialized")
-    return dict(zip(("intra_node_bytes", "cross_node_bytes", "flat_bytes"), counters))
+    return dict(zip(("intra_node_bytes", "cross_node_bytes", "flat_bytes",
+                     "shared_output_bytes"), counters))
 
 
 def timeline_mark(label):

@@ -23,7 +23,9 @@ def test_launch_exits_cleanly(nprocs):
 
 # The allreduce cases again under each algorithm choice and topology:
 # flat ring over MPI, hierarchical over 2 virtual nodes of 2 ranks, one rank
-# per virtual node (auto falls back to flat), and 3 ranks as one node.
+# per virtual node (auto falls back to flat), 3 ranks as one node, and one
+# node whose results cannot (no pool) or not always (a 1 MB pool) go to
+# shared memory.
 ALLREDUCE_CASES = [
     "topology_and_algorithm_follow_the_environment", "traffic_counters_follow_the_algorithm",
     "allreduce_every_dtype_op_and_length", "allreduce_scalars_empty_and_shapes",
@@ -39,6 +41,10 @@ TOPOLOGIES = {
     "auto-4x2": (4, {"DDL_LOCAL_SIZE": "2"}, QUICK),
     "auto-3x1": (3, {"DDL_LOCAL_SIZE": "1"}, ALLREDUCE_CASES),
     "hierarchical-3x3": (3, {"DDL_ALLREDUCE": "hierarchical"}, QUICK),
+    "no-pool-3": (3, {"DDL_SHM_POOL_MB": "0"}, ALLREDUCE_CASES),
+    "pool-1mb-2": (2, {"DDL_SHM_POOL_MB": "1"},
+                   ALLREDUCE_CASES + ["pool_full_falls_back_and_recovers",
+                                      "results_outlive_shutdown"]),
 }
 
 

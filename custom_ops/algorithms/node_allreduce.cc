@@ -1,88 +1,19 @@
 #include "node_allreduce.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "../core/reduce_kernels.h"
 #include "ring.h"
+#include "span_walker.h"
 
 namespace ddl {
 
-namespace {
-
-// Copies elements [first, first + count) of the concatenated spans to or
-// from a contiguous buffer.
-class SpanWalker {
- public:
-  SpanWalker(const std::vector<Span>& spans, size_t elem) : spans_(spans), elem_(elem) {
-    starts_.reserve(spans.size() + 1);
-    int64_t total = 0;
-    for (const Span& s : spans) {
-      starts_.push_back(total);
-      total += s.count;
-    }
-    starts_.push_back(total);
-  }
-  int64_t total() const { return starts_.back(); }
-
-  void Gather(int64_t first, int64_t count, char* dst) const {
-    Walk(first, count, [&](const Span& s, int64_t at, int64_t n, int64_t done) {
-      std::memcpy(dst + done * elem_, static_cast<const char*>(s.in) + at * elem_, n * elem_);
-    });
-  }
-  void Scatter(int64_t first, int64_t count, const char* src) const {
-    Walk(first, count, [&](const Span& s, int64_t at, int64_t n, int64_t done) {
-      std::memcpy(static_cast<char*>(s.out) + at * elem_, src + done * elem_, n * elem_);
-    });
-  }
-  // dst = dst op input (or, with `with` given, dst = input op with) over
-  // elements [first, first + count), reading the input where it lies.
-  void ReduceFromInput(int64_t first, int64_t count, char* dst, const char* with,
-                       DataType dtype, ReduceOp op) const {
-    Walk(first, count, [&](const Span& s, int64_t at, int64_t n, int64_t done) {
-      const char* in = static_cast<const char*>(s.in) + at * elem_;
-      if (with) {
-        ReduceTo(dst + done * elem_, in, with + done * elem_, n, dtype, op);
-      } else {
-        ReduceInto(dst + done * elem_, in, n, dtype, op);
-      }
-    });
-  }
-
- private:
-  template <typename Fn>
-  void Walk(int64_t first, int64_t count, Fn fn) const {
-    auto it = std::upper_bound(starts_.begin(), starts_.end(), first) - 1;
-    size_t i = static_cast<size_t>(it - starts_.begin());
-    int64_t done = 0;
-    while (done < count) {
-      int64_t at = first + done - starts_[i];
-      int64_t n = std::min(spans_[i].count - at, count - done);
-      if (n > 0) fn(spans_[i], at, n, done);
-      done += n;
-      ++i;
-    }
-  }
-  const std::vector<Span>& spans_;
-  size_t elem_;
-  std::vector<int64_t> starts_;
-};
-
-}  // namespace
-
 void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                        NodePhaseTimes* times) {
-  using Clock = std::chrono::steady_clock;
+                        NodePhaseTimes* times, const SharedResult* into) {
   NodePhaseTimes local_times;
   NodePhaseTimes& t = times ? *times : local_times;
-  auto tick = Clock::now();
-  // Adds the time since the last call to `phase`.
-  auto lap = [&tick](double& phase) {
-    auto now = Clock::now();
-    phase += std::chrono::duration<double>(now - tick).count();
-    tick = now;
-  };
+  PhaseClock clock;
   const size_t elem = DataTypeSize(dtype);
   const SpanWalker walker(spans, elem);
   const int n = arena_.size();
@@ -108,7 +39,7 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
     walker.Gather(first, offset[me], own_slot);
     walker.Gather(first + offset[me + 1], count - offset[me + 1], own_slot + offset[me + 1] * elem);
     arena_.Publish(ShmArena::kPosted, k + 1);
-    lap(t.copy_in);
+    clock.Lap(t.copy_in);
 
     char* mine = own_slot + offset[me] * elem;
     arena_.WaitForAll(ShmArena::kPosted, k + 1);
@@ -135,13 +66,26 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
         }
       }
     }
-    lap(t.reduce_scatter);
+    clock.Lap(t.reduce_scatter);
     if (across && slice[me] > 0) {
       RingAllreduce(*cross_, mine, slice[me], dtype, cross_op);
       traffic_.cross_node_bytes += slice[me] * elem;
     }
-    lap(t.cross_node);
+    clock.Lap(t.cross_node);
     if (op == ReduceOp::kAverage) DivideBy(mine, slice[me], dtype, world_size_);
+    traffic_.intra_node_bytes += 2 * count * elem;
+    if (into != nullptr) {
+      // The slice goes from this rank's cache straight to its place in the
+      // result; having reduced it, this rank is done with every slot of
+      // chunk k.
+      walker.Walk(own_first, slice[me], [&](size_t i, const Span&, int64_t e, int64_t m, int64_t done) {
+        std::memcpy(into->block + (*into->at)[i] + e * elem, mine + done * elem, m * elem);
+      });
+      arena_.Publish(ShmArena::kReduced, k + 1);
+      arena_.Publish(ShmArena::kConsumed, k + 1);
+      clock.Lap(t.all_gather);
+      continue;
+    }
     arena_.Publish(ShmArena::kReduced, k + 1);
 
     arena_.WaitForAll(ShmArena::kReduced, k + 1);
@@ -149,9 +93,11 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
       walker.Scatter(first + offset[i], slice[i], arena_.Slot(i, slot) + offset[i] * elem);
     }
     arena_.Publish(ShmArena::kConsumed, k + 1);
-    traffic_.intra_node_bytes += 2 * count * elem;
-    lap(t.all_gather);
+    clock.Lap(t.all_gather);
   }
+  // Every owner has written its slices of every chunk.
+  if (into != nullptr && walker.total() > 0) arena_.WaitForAll(ShmArena::kReduced, chunks_done_);
+  clock.Lap(t.all_gather);
 }
 
 }  // namespace ddl

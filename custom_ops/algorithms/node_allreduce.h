@@ -8,6 +8,7 @@
 // faster one is already copying in chunk k+1.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "../core/types.h"
 #include "../transport/shm_arena.h"
 #include "../transport/transport.h"
+#include "span_walker.h"
 
 namespace ddl {
 
@@ -27,12 +29,25 @@ struct NodePhaseTimes {
   double all_gather = 0;
 };
 
-// One tensor's part of a fused allreduce: `count` elements read from `in`
-// and written to `out` (which may equal `in`).
-struct Span {
-  const void* in;
-  void* out;
-  int64_t count;
+// Adds the time since the previous lap (or construction) to a phase's total.
+class PhaseClock {
+ public:
+  void Lap(double& phase) {
+    const auto now = std::chrono::steady_clock::now();
+    phase += std::chrono::duration<double>(now - tick_).count();
+    tick_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point tick_ = std::chrono::steady_clock::now();
+};
+
+// Where results go instead of each span's `out`: one block of node shared
+// memory that every local rank's outputs view; span i's result starts at
+// block + at[i].
+struct SharedResult {
+  char* block;
+  const std::vector<size_t>* at;
 };
 
 class NodeAllreduce {
@@ -41,9 +56,11 @@ class NodeAllreduce {
   NodeAllreduce(ShmArena& arena, Transport* cross, int world_size, TrafficCounters& traffic)
       : arena_(arena), cross_(cross), world_size_(world_size), traffic_(traffic) {}
 
-  // `times`, if given, receives the time spent per phase.
+  // `times`, if given, receives the time spent per phase. With `into`, the
+  // owner of each slice writes it there, once for the node, and nobody
+  // copies results out; the call returns when the whole result is there.
   void Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-           NodePhaseTimes* times = nullptr);
+           NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr);
 
  private:
   ShmArena& arena_;

@@ -49,7 +49,8 @@ int ddl_timeline_mark(const char* label) {
   return 0;
 }
 
-// Bytes moved by this rank: [intra-node, cross-node, flat ring]. Returns 0,
+// Bytes moved by this rank: [intra-node, cross-node, flat ring, results
+// delivered in shared-memory outputs]. Returns 0,
 // or -1 when not initialised.
 int ddl_traffic(uint64_t* out) {
   auto engine = ddl::CurrentEngine();
@@ -57,6 +58,7 @@ int ddl_traffic(uint64_t* out) {
   out[0] = engine->traffic().intra_node_bytes.load();
   out[1] = engine->traffic().cross_node_bytes.load();
   out[2] = engine->traffic().flat_bytes.load();
+  out[3] = engine->traffic().shared_output_bytes.load();
   return 0;
 }
 

@@ -54,6 +54,11 @@ Status Config::FromEnvironment(Config* c) {
                        &c->peer_timeout_s))
            .ok())
     return s;
+  if (!(s = ReadNumber("DDL_SHM_POOL_MB", 0, 1 << 20,
+                       "a number of megabytes between 0 and 1048576 (0 disables the pool)",
+                       &c->shm_pool_mb))
+           .ok())
+    return s;
   double local_size = c->local_size;
   if (!(s = ReadNumber("DDL_LOCAL_SIZE", 1, 1 << 20, "a whole number of ranks >= 1",
                        &local_size))

@@ -11,7 +11,7 @@ namespace ddl {
 enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical };
 
 struct Config {
-  double fusion_threshold_mb = 64.0;  // DDL_FUSION_THRESHOLD_MB, 0 disables fusion
+  double fusion_threshold_mb = 128.0;  // DDL_FUSION_THRESHOLD_MB, 0 disables fusion
   double cycle_time_ms = 1.0;         // DDL_CYCLE_TIME_MS
   AllreduceAlgorithm allreduce = AllreduceAlgorithm::kAuto;  // DDL_ALLREDUCE
   int local_size = 0;                 // DDL_LOCAL_SIZE, 0 = detect from the machine
@@ -19,6 +19,10 @@ struct Config {
   double stall_warning_s = 60.0;      // DDL_STALL_WARNING_S
   double stall_timeout_s = 0.0;       // DDL_STALL_TIMEOUT_S, 0 = never
   int cache_capacity = 1024;          // DDL_CACHE_CAPACITY, 0 disables the response cache
+  // DDL_SHM_POOL_MB: per node, the most shared memory that allreduce results
+  // may occupy (committed as used); beyond it, and with 0, results are
+  // copied out of shared memory into ordinary tensors.
+  double shm_pool_mb = 1024.0;
   double peer_timeout_s = 15.0;       // DDL_PEER_TIMEOUT_S, 0 = never: silence => dead peer
 
   // Reads the environment; fills *config or returns InvalidArgument.

@@ -63,6 +63,15 @@ Status Context::ChooseAllreduce() {
   }
   node_memory->SetPeerTimeout(config.peer_timeout_s);
   hierarchical = cross_size > 1;
+  if (local_size > 1 && config.shm_pool_mb > 0) {
+    try {
+      output_pool = ShmPool::Create(
+          *local, std::to_string(token[0]) + "." + std::to_string(node_id[0]) + ".outputs",
+          static_cast<size_t>(config.shm_pool_mb * 1024 * 1024));
+    } catch (const TransportError& e) {
+      return Status::Internal(std::string(e.what()) + OnRank(rank));
+    }
+  }
   return Status::Ok();
 }
 

@@ -6,6 +6,7 @@
 
 #include "../transport/mpi_transport.h"
 #include "../transport/shm_arena.h"
+#include "../transport/shm_pool.h"
 #include "config.h"
 #include "timeline.h"
 #include "types.h"
@@ -27,6 +28,10 @@ struct Context {
   // Shared memory of this node's ranks; null when allreduce runs flat.
   std::unique_ptr<ShmArena> node_memory;
   bool hierarchical = false;  // node_memory plus a cross-node step
+  // Where allreduce results live with node_memory, several local ranks and
+  // DDL_SHM_POOL_MB > 0; null otherwise. Shared: output tensors keep it
+  // mapped after shutdown.
+  std::shared_ptr<ShmPool> output_pool;
   std::unique_ptr<Timeline> timeline;  // rank 0 with DDL_TIMELINE set, else null
 
   // Initialises MPI if nobody has (thread level MULTIPLE is required, as

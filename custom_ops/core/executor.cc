@@ -1,6 +1,7 @@
 #include "executor.h"
 
 #include <cctype>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -71,6 +72,26 @@ Executor::Executor(Context& ctx) : ctx_(ctx) {
     node_allreduce_ = std::make_unique<NodeAllreduce>(
         *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size, traffic_);
   }
+  if (node_allreduce_ && ctx_.output_pool) {
+    shared_output_ = std::make_unique<SharedOutputAllreduce>(*ctx_.node_memory, ctx_.output_pool,
+                                                             *node_allreduce_);
+  }
+}
+
+void Executor::AllocateOutputs(std::vector<Work*>& batch, std::vector<Status>* status,
+                               std::vector<std::vector<char>>* scratch) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Work& w = *batch[i];
+    if (w.output != nullptr) continue;
+    Status s = w.allocate ? w.allocate(w.shape, &w.output)
+                          : Status::Internal("allreduce '" + w.name + "' has no output");
+    // An empty tensor may have no buffer at all.
+    if (!s.ok() || (w.output == nullptr && Bytes(w) > 0)) {
+      (*status)[i] = s.ok() ? Status::Internal("no output for allreduce '" + w.name + "'") : s;
+      scratch->emplace_back(std::max<size_t>(Bytes(w), 1));
+      w.output = scratch->back().data();
+    }
+  }
 }
 
 void Executor::AllreduceBatch(std::vector<Work*>& batch) {
@@ -86,7 +107,42 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
 
-  if (node_allreduce_) {
+  std::vector<Status> status(batch.size());
+  std::vector<std::vector<char>> scratch;
+  bool delivered = false;
+  if (shared_output_ && total > 0) {
+    std::vector<Span> spans;
+    for (Work* w : batch) spans.push_back({w->input, nullptr, NumElements(w->shape)});
+    std::vector<SharedOutputAllreduce::Output> results;
+    NodePhaseTimes times;
+    delivered = shared_output_->Run(spans, dtype, op, &results, &times);
+    if (delivered) {
+      for (size_t i = 0; i < batch.size(); ++i) {
+        Work& w = *batch[i];
+        if (w.adopt && w.output == nullptr) {
+          w.adopt(results[i].data, std::move(results[i].hold));
+          continue;
+        }
+        // A caller that brought its own output gets a copy.
+        std::vector<Work*> one{&w};
+        std::vector<Status> one_status(1);
+        AllocateOutputs(one, &one_status, &scratch);
+        status[i] = one_status[0];
+        CopyUnlessSame(w.output, results[i].data, Bytes(w));
+      }
+      phases = {{"SHM_COPY_IN", times.copy_in},
+                {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
+                {"CROSS_NODE_ALLREDUCE", times.cross_node},
+                {"INTRA_NODE_WRITE_SHARED_RESULT", times.all_gather}};
+      traffic_.shared_output_bytes += total;
+    } else {
+      phases.emplace_back("SHM_OUTPUT_POOL_FULL", seconds_since(start));
+    }
+  }
+  if (delivered) {
+    // nothing left to do
+  } else if (node_allreduce_) {
+    AllocateOutputs(batch, &status, &scratch);
     // Reads inputs and writes outputs in place: no fusion-buffer copies.
     std::vector<Span> spans;
     for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
@@ -97,6 +153,7 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
               {"CROSS_NODE_ALLREDUCE", times.cross_node},
               {"INTRA_NODE_ALL_GATHER", times.all_gather}};
   } else {
+    AllocateOutputs(batch, &status, &scratch);
     // A single tensor is reduced in its output; several are packed first.
     char* buffer = static_cast<char*>(batch[0]->output);
     auto t = Clock::now();
@@ -147,7 +204,7 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
       }
     }
   }
-  for (Work* w : batch) Finish(*w, Status::Ok());
+  for (size_t i = 0; i < batch.size(); ++i) Finish(*batch[i], status[i]);
 }
 
 Status Executor::Allgather(Work& w) {

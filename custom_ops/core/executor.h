@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../algorithms/node_allreduce.h"
+#include "../algorithms/shared_output_allreduce.h"
 #include "context.h"
 #include "work.h"
 
@@ -30,7 +31,14 @@ class Executor {
   Context& ctx_;
   TrafficCounters traffic_;
   std::vector<char> fusion_buffer_;
+  // Gives every allreduce of `batch` without an output one; a failed
+  // allocation gets scratch memory (the collective must still run on every
+  // rank) and its error in `status`.
+  void AllocateOutputs(std::vector<Work*>& batch, std::vector<Status>* status,
+                       std::vector<std::vector<char>>* scratch);
+
   std::unique_ptr<NodeAllreduce> node_allreduce_;  // when the node shares memory
+  std::unique_ptr<SharedOutputAllreduce> shared_output_;  // one node with an output pool
 };
 
 }  // namespace ddl

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,15 @@ struct Work {
   int root = 0;
   std::vector<int64_t> shape;
   const void* input = nullptr;
-  // Allreduce and broadcast: preallocated output of the input's shape (may
-  // alias the input). Allgather and reducescatter: null; the core calls
-  // `allocate` with the output shape once it knows it.
+  // Broadcast: preallocated output of the input's shape (may alias the
+  // input); allreduce may have one too. Allgather and reducescatter: null;
+  // the core calls `allocate` with the output shape once it knows it.
   void* output = nullptr;
+  // An allreduce with `output` null is allocated through `allocate` unless
+  // the core has put the result in memory of its own: then it calls
+  // `adopt` with the result and a handle that keeps that memory alive.
   std::function<Status(const std::vector<int64_t>& shape, void** data)> allocate;
+  std::function<void(void* data, std::shared_ptr<void> hold)> adopt;
   // Called exactly once, from the engine thread (or from Enqueue on an
   // immediate error).
   std::function<void(const Status&)> done;

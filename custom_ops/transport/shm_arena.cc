@@ -1,13 +1,8 @@
 #include "shm_arena.h"
 
-#include <fcntl.h>
 #include <sched.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <thread>
 
 namespace ddl {
@@ -19,8 +14,6 @@ constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 }  // namespace
 
 std::unique_ptr<ShmArena> ShmArena::Create(MpiTransport& node, const std::string& name_token,
@@ -32,62 +25,27 @@ std::unique_ptr<ShmArena> ShmArena::Create(MpiTransport& node, const std::string
   arena->slots_per_rank_ = slots_per_rank;
   arena->slot_bytes_ = RoundUp(slot_bytes, kPage);
   const size_t counter_bytes =
-      RoundUp(static_cast<size_t>(arena->size_) * kNumCounters * kCacheLine, kPage);
-  arena->mapped_bytes_ =
-      counter_bytes + static_cast<size_t>(arena->size_) * slots_per_rank * arena->slot_bytes_;
-  const std::string name = "/keras_ddl." + name_token;
-
-  // Local rank 0 creates and sizes the segment; the others open it after a
-  // barrier; once everyone has it mapped the name is unlinked, so nothing
-  // is left behind in /dev/shm even if the job is killed later.
-  int fd = -1;
-  std::string error;
-  if (arena->rank_ == 0) {
-    shm_unlink(name.c_str());
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) error = Errno("shm_open(" + name + ")");
-    else if (ftruncate(fd, static_cast<off_t>(arena->mapped_bytes_)) != 0)
-      error = Errno("ftruncate of shared memory " + name);
-  }
-  std::vector<char> status(error.begin(), error.end());
-  node.BroadcastBytes(status, 0);
-  if (!status.empty()) {
-    if (fd >= 0) close(fd);
-    throw TransportError("cannot create the node's shared memory: " +
-                         std::string(status.begin(), status.end()));
-  }
-  if (arena->rank_ != 0) {
-    fd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) error = Errno("shm_open(" + name + ") on a non-zero local rank");
-  }
-  if (fd >= 0) {
-    void* base = mmap(nullptr, arena->mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED) error = Errno("mmap of shared memory");
-    else arena->base_ = base;
-  }
-  // Everyone reports; a failure anywhere fails everyone, with the reason.
-  std::vector<int64_t> failed = node.AllgatherInt64(error.empty() ? 0 : 1);
-  if (arena->rank_ == 0) shm_unlink(name.c_str());
-  for (size_t r = 0; r < failed.size(); ++r) {
-    if (failed[r]) {
-      throw TransportError("shared memory setup failed on local rank " + std::to_string(r) +
-                           (error.empty() ? "" : ": " + error));
-    }
-  }
-  arena->counters_ = static_cast<char*>(arena->base_);
+      RoundUp(static_cast<size_t>(arena->size_) * (kNumCounters + 1) * kCacheLine, kPage);
+  arena->segment_ = std::make_unique<NodeSegment>(
+      node, name_token,
+      counter_bytes + static_cast<size_t>(arena->size_) * slots_per_rank * arena->slot_bytes_);
+  arena->counters_ = arena->segment_->base();
   arena->slots_ = arena->counters_ + counter_bytes;
   return arena;
 }
 
-ShmArena::~ShmArena() {
-  if (base_ != nullptr) munmap(base_, mapped_bytes_);
-}
-
-std::atomic<uint64_t>* ShmArena::CounterOf(int rank, Counter counter) const {
+std::atomic<uint64_t>* ShmArena::CounterOf(int rank, int counter) const {
   // The segment starts zero-filled, which is a valid atomic<uint64_t> of 0.
   return reinterpret_cast<std::atomic<uint64_t>*>(
-      counters_ + (static_cast<size_t>(rank) * kNumCounters + counter) * kCacheLine);
+      counters_ + (static_cast<size_t>(rank) * (kNumCounters + 1) + counter) * kCacheLine);
+}
+
+void ShmArena::Post(uint64_t word) {
+  CounterOf(rank_, kNumCounters)->store(word, std::memory_order_relaxed);
+}
+
+uint64_t ShmArena::MailboxOf(int rank) const {
+  return CounterOf(rank, kNumCounters)->load(std::memory_order_relaxed);
 }
 
 void ShmArena::Publish(Counter counter, uint64_t value) {

@@ -1,5 +1,5 @@
-// A POSIX shared-memory segment shared by the ranks of one node: per rank,
-// a few staging slots and progress counters that the others can read.
+// Shared memory of the ranks of one node: per rank, a few staging slots,
+// progress counters and a mailbox word that the others can read.
 // Waiting on a counter spins briefly, then yields, then sleeps with backoff,
 // so ranks that outnumber cores still make progress.
 #pragma once
@@ -12,19 +12,27 @@
 #include <vector>
 
 #include "mpi_transport.h"
+#include "node_segment.h"
 
 namespace ddl {
 
 class ShmArena {
  public:
   // Progress counters each rank publishes; monotonic over the arena's life.
-  enum Counter { kPosted = 0, kReduced = 1, kConsumed = 2, kNumCounters = 3 };
+  // kPosted..kConsumed pace the node allreduce's chunks; kAnnounced marks
+  // the mailbox words of a call into a shared result as posted.
+  enum Counter {
+    kPosted = 0,
+    kReduced,
+    kConsumed,
+    kAnnounced,
+    kNumCounters
+  };
 
   // Collective over `node` (all its ranks must share memory). `name_token`
   // must be unique to the job and node. Throws TransportError.
   static std::unique_ptr<ShmArena> Create(MpiTransport& node, const std::string& name_token,
                                           size_t slot_bytes, int slots_per_rank);
-  ~ShmArena();
   ShmArena(const ShmArena&) = delete;
   ShmArena& operator=(const ShmArena&) = delete;
 
@@ -40,12 +48,17 @@ class ShmArena {
   void SetPeerTimeout(double seconds) { peer_timeout_s_ = seconds; }
 
   void Publish(Counter counter, uint64_t value);
+  // This rank's mailbox word; write it before the Publish that announces
+  // it, read the others' after the WaitForAll that follows.
+  void Post(uint64_t word);
+  uint64_t MailboxOf(int rank) const;
   // Returns once every rank's `counter` is >= value.
   void WaitForAll(Counter counter, uint64_t value);
 
  private:
   ShmArena() = default;
-  std::atomic<uint64_t>* CounterOf(int rank, Counter counter) const;
+  // Each rank's counters, one per cache line, then its mailbox line.
+  std::atomic<uint64_t>* CounterOf(int rank, int counter) const;
 
   int rank_ = 0;
   int size_ = 1;
@@ -53,8 +66,7 @@ class ShmArena {
   double peer_timeout_s_ = 0;
   int slots_per_rank_ = 0;
   size_t slot_bytes_ = 0;
-  void* base_ = nullptr;
-  size_t mapped_bytes_ = 0;
+  std::unique_ptr<NodeSegment> segment_;
   char* counters_ = nullptr;
   char* slots_ = nullptr;
 };

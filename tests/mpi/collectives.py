@@ -78,6 +78,14 @@ def topology_and_algorithm_follow_the_environment():
     assert ddl.allreduce_algorithm() == algo, (ddl.allreduce_algorithm(), algo)
 
 
+def pool_bytes():
+    """The node's output pool for allreduce results (0 when there is none)."""
+    import os
+    if ddl.allreduce_algorithm() == "flat" or ddl.local_size() == 1:
+        return 0
+    return int(float(os.environ.get("DDL_SHM_POOL_MB", "1024")) * 2**20)
+
+
 @case
 def traffic_counters_follow_the_algorithm():
     count = 1000003
@@ -88,9 +96,14 @@ def traffic_counters_follow_the_algorithm():
     nbytes = 4 * count
     algo = ddl.allreduce_algorithm()
     if algo == "flat":
-        assert delta == {"intra_node_bytes": 0, "cross_node_bytes": 0, "flat_bytes": nbytes}, delta
+        assert delta == {"intra_node_bytes": 0, "cross_node_bytes": 0, "flat_bytes": nbytes,
+                         "shared_output_bytes": 0}, delta
         return
     assert delta["flat_bytes"] == 0 and delta["intra_node_bytes"] == 2 * nbytes, delta
+    # With room in the node's pool the result lands there once for the node;
+    # without, every rank copies it out into a tensor of its own.
+    pooled = pool_bytes() >= nbytes + 2 * 4096
+    assert delta["shared_output_bytes"] == (nbytes if pooled else 0), (delta, pool_bytes())
     if algo == "shared_memory":
         assert delta["cross_node_bytes"] == 0, delta
     else:
@@ -393,6 +406,81 @@ def compression_fp16_and_bf16():
         got = ddl.allreduce(tf.constant(inputs[rank]), op=ddl.Sum, compression=compression)
         assert got.dtype == tf.float32, compression
         assert_exact(got.numpy(), expected, repr(compression))
+
+
+@case
+def results_are_aligned_and_survive_in_place_work_elsewhere():
+    # Results in the node's pool are one block viewed by every local rank's
+    # tensors: each must start where TensorFlow expects (64-byte aligned),
+    # and an op that could reuse its input's buffer (here y + 1 in a graph,
+    # y used nowhere else) must not write into it, or the other ranks would
+    # see the change.
+    lengths = [1, 3, 17, 1000, 4097]
+    inputs = [everyone([n], tf.float32, seed=20 + n) for n in lengths]
+
+    @tf.function
+    def reduce_then_add(xs):
+        return [y + 1.0 for y in ddl.grouped_allreduce(xs, op=ddl.Sum, name="inplace.probe")]
+
+    xs = [tf.constant(x[rank]) for x in inputs]
+    if rank == 0:
+        plus_one = reduce_then_add(xs)
+        for x, got in zip(inputs, plus_one):
+            assert_exact(got.numpy(), reference(x, ddl.Sum, tf.float32) + np.float32(1), "y + 1")
+        MPI.COMM_WORLD.Barrier()
+    else:
+        outs = ddl.grouped_allreduce(xs, op=ddl.Sum, name="inplace.probe")
+        MPI.COMM_WORLD.Barrier()  # rank 0 has computed y + 1 by now
+        for x, out in zip(inputs, outs):
+            assert_exact(out.numpy(), reference(x, ddl.Sum, tf.float32), "after rank 0's add")
+    outs = ddl.grouped_allreduce(xs, op=ddl.Sum)
+    for n, out in zip(lengths, outs):
+        address = np.from_dlpack(out).ctypes.data
+        assert address % 64 == 0, f"result of length {n} at {address:#x}"
+
+
+@case
+def pool_full_falls_back_and_recovers():
+    # Results held by the caller keep their pool blocks; once the pool is
+    # full, allreduces fall back to copying results out (on every rank
+    # alike, though only local rank 0 allocates), stay exact, and use the
+    # pool again once the caller lets go.
+    if pool_bytes() == 0:
+        return
+    count = 25600  # 100 KB of float32: a 104 KB block with its header
+    inputs = everyone([count], tf.float32, seed=30)
+    expected = reference(inputs, ddl.Sum, tf.float32)
+    fits = pool_bytes() // (count * 4 + 4096)
+    held, pooled = [], []
+    for i in range(min(fits + 5, 40)):
+        before = ddl.traffic()["shared_output_bytes"]
+        held.append(ddl.allreduce(tf.constant(inputs[rank]), op=ddl.Sum))
+        pooled.append(ddl.traffic()["shared_output_bytes"] > before)
+    for out in held:
+        assert_exact(out.numpy(), expected, "held result")
+    same_on_all_ranks(np.array(pooled), "which results used the pool")
+    if fits < 40:
+        assert pooled[0] and not pooled[-1], pooled
+    else:
+        assert all(pooled), pooled
+    del held
+    before = ddl.traffic()["shared_output_bytes"]
+    assert_exact(ddl.allreduce(tf.constant(inputs[rank]), op=ddl.Sum).numpy(), expected, "after")
+    assert ddl.traffic()["shared_output_bytes"] == before + count * 4
+
+
+@case
+def results_outlive_shutdown():
+    # The pool stays mapped while any result viewing it exists, even after
+    # ddl.shutdown(); then keras_ddl starts again. (Runs last.)
+    inputs = everyone([5000], tf.float32, seed=40)
+    out = ddl.allreduce(tf.constant(inputs[rank]), op=ddl.Sum)
+    ddl.shutdown()
+    assert_exact(out.numpy(), reference(inputs, ddl.Sum, tf.float32), "after shutdown")
+    assert_exact(tf.reduce_sum(out).numpy(),
+                 np.float32(reference(inputs, ddl.Sum, tf.float32).astype(np.float64).sum()),
+                 "a TensorFlow op on it after shutdown")
+    ddl.init()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+// One POSIX shared-memory segment mapped by every rank of a node. Local
+// rank 0 creates and sizes it, the others open it, and the name is removed
+// as soon as all have it mapped, so a killed job leaves nothing in /dev/shm.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "mpi_transport.h"
+
+namespace ddl {
+
+class NodeSegment {
+ public:
+  // Collective over `node`. `name_token` must be unique to the job, node and
+  // use. Sparse: pages cost memory only once touched (see Commit). Throws
+  // TransportError, on every rank, if any rank fails.
+  NodeSegment(MpiTransport& node, const std::string& name_token, size_t bytes);
+  ~NodeSegment();
+  NodeSegment(const NodeSegment&) = delete;
+  NodeSegment& operator=(const NodeSegment&) = delete;
+
+  char* base() const { return static_cast<char*>(base_); }
+  size_t bytes() const { return bytes_; }
+
+  // Reserves memory behind [offset, offset + bytes) so that touching it
+  // cannot fault when /dev/shm is full; false (with errno's reason in
+  // *why) when there is no room.
+  bool Commit(size_t offset, size_t bytes, std::string* why);
+
+ private:
+  void Unmap();
+
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  int fd_ = -1;
+};
+
+}  // namespace ddl
