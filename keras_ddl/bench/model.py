@@ -436,7 +436,7 @@ SYSTEMS = {
         resnet50_step=P100_RESNET50_STEP,
         batch_per_gpu=32,
         algorithm="hierarchical", cross="ring",
-        fusion="cycle", fusion_bytes=64 * 2**20, cycle=1 * MS, negotiation=True,
+        fusion="cycle", fusion_bytes=128 * 2**20, cycle=1 * MS, negotiation=True,
         sources=("BENCHMARKS.md: numpy copy of 64 MB ~8 ms on these machines",
                  "README: DDL_FUSION_THRESHOLD_MB=64, DDL_CYCLE_TIME_MS=1, hierarchical = "
                  "shared memory in a node + ring across nodes")),
