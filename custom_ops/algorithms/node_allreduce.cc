@@ -78,9 +78,11 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
       // The slice goes from this rank's cache straight to its place in the
       // result; having reduced it, this rank is done with every slot of
       // chunk k.
-      walker.Walk(own_first, slice[me], [&](size_t i, const Span&, int64_t e, int64_t m, int64_t done) {
-        std::memcpy(into->block + (*into->at)[i] + e * elem, mine + done * elem, m * elem);
-      });
+      walker.Walk(own_first, slice[me],
+                  [&](size_t i, const Span&, int64_t e, int64_t m, int64_t done) {
+                    std::memcpy(into->block + (*into->at)[i] + e * elem, mine + done * elem,
+                                m * elem);
+                  });
       arena_.Publish(ShmArena::kReduced, k + 1);
       arena_.Publish(ShmArena::kConsumed, k + 1);
       clock.Lap(t.all_gather);

@@ -94,6 +94,39 @@ void Executor::AllocateOutputs(std::vector<Work*>& batch, std::vector<Status>* s
   }
 }
 
+bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* status,
+                                std::vector<std::vector<char>>* scratch,
+                                std::vector<std::pair<const char*, double>>* phases) {
+  const auto start = Timeline::Clock::now();
+  std::vector<Span> spans;
+  for (Work* w : batch) spans.push_back({w->input, nullptr, NumElements(w->shape)});
+  std::vector<SharedOutputAllreduce::Output> results;
+  NodePhaseTimes times;
+  if (!shared_output_->Run(spans, batch[0]->dtype, batch[0]->op, &results, &times)) {
+    phases->emplace_back("SHM_OUTPUT_POOL_FULL",
+                         std::chrono::duration<double>(Timeline::Clock::now() - start).count());
+    return false;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Work& w = *batch[i];
+    if (w.adopt && w.output == nullptr) {
+      w.adopt(results[i].data, std::move(results[i].hold));
+      continue;
+    }
+    // A caller that brought its own output, or cannot adopt one, gets a copy.
+    std::vector<Work*> one{&w};
+    std::vector<Status> one_status(1);
+    AllocateOutputs(one, &one_status, scratch);
+    (*status)[i] = one_status[0];
+    CopyUnlessSame(w.output, results[i].data, Bytes(w));
+  }
+  *phases = {{"SHM_COPY_IN", times.copy_in},
+             {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
+             {"CROSS_NODE_ALLREDUCE", times.cross_node},
+             {"INTRA_NODE_WRITE_SHARED_RESULT", times.all_gather}};
+  return true;
+}
+
 void Executor::AllreduceBatch(std::vector<Work*>& batch) {
   using Clock = Timeline::Clock;
   const DataType dtype = batch[0]->dtype;
@@ -109,38 +142,8 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
 
   std::vector<Status> status(batch.size());
   std::vector<std::vector<char>> scratch;
-  bool delivered = false;
-  if (shared_output_ && total > 0) {
-    std::vector<Span> spans;
-    for (Work* w : batch) spans.push_back({w->input, nullptr, NumElements(w->shape)});
-    std::vector<SharedOutputAllreduce::Output> results;
-    NodePhaseTimes times;
-    delivered = shared_output_->Run(spans, dtype, op, &results, &times);
-    if (delivered) {
-      for (size_t i = 0; i < batch.size(); ++i) {
-        Work& w = *batch[i];
-        if (w.adopt && w.output == nullptr) {
-          w.adopt(results[i].data, std::move(results[i].hold));
-          continue;
-        }
-        // A caller that brought its own output gets a copy.
-        std::vector<Work*> one{&w};
-        std::vector<Status> one_status(1);
-        AllocateOutputs(one, &one_status, &scratch);
-        status[i] = one_status[0];
-        CopyUnlessSame(w.output, results[i].data, Bytes(w));
-      }
-      phases = {{"SHM_COPY_IN", times.copy_in},
-                {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
-                {"CROSS_NODE_ALLREDUCE", times.cross_node},
-                {"INTRA_NODE_WRITE_SHARED_RESULT", times.all_gather}};
-      traffic_.shared_output_bytes += total;
-    } else {
-      phases.emplace_back("SHM_OUTPUT_POOL_FULL", seconds_since(start));
-    }
-  }
-  if (delivered) {
-    // nothing left to do
+  if (shared_output_ && total > 0 && IntoSharedResult(batch, &status, &scratch, &phases)) {
+    traffic_.shared_output_bytes += total;
   } else if (node_allreduce_) {
     AllocateOutputs(batch, &status, &scratch);
     // Reads inputs and writes outputs in place: no fusion-buffer copies.
@@ -148,10 +151,10 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
     for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
     NodePhaseTimes times;
     node_allreduce_->Run(spans, dtype, op, &times);
-    phases = {{"SHM_COPY_IN", times.copy_in},
-              {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
-              {"CROSS_NODE_ALLREDUCE", times.cross_node},
-              {"INTRA_NODE_ALL_GATHER", times.all_gather}};
+    phases.insert(phases.end(), {{"SHM_COPY_IN", times.copy_in},
+                                 {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
+                                 {"CROSS_NODE_ALLREDUCE", times.cross_node},
+                                 {"INTRA_NODE_ALL_GATHER", times.all_gather}});
   } else {
     AllocateOutputs(batch, &status, &scratch);
     // A single tensor is reduced in its output; several are packed first.

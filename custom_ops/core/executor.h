@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "../algorithms/node_allreduce.h"
@@ -36,6 +37,12 @@ class Executor {
   // rank) and its error in `status`.
   void AllocateOutputs(std::vector<Work*>& batch, std::vector<Status>* status,
                        std::vector<std::vector<char>>* scratch);
+  // Runs `batch` into one result in node shared memory that the outputs
+  // view (adopted, or copied to a caller's own output). False, with nothing
+  // done, when the node's pool had no room: then the batch runs as usual.
+  bool IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* status,
+                        std::vector<std::vector<char>>* scratch,
+                        std::vector<std::pair<const char*, double>>* phases);
 
   std::unique_ptr<NodeAllreduce> node_allreduce_;  // when the node shares memory
   std::unique_ptr<SharedOutputAllreduce> shared_output_;  // one node with an output pool
