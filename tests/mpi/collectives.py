@@ -83,7 +83,9 @@ def pool_bytes():
     import os
     if ddl.allreduce_algorithm() == "flat" or ddl.local_size() == 1:
         return 0
-    return int(float(os.environ.get("DDL_SHM_POOL_MB", "1024")) * 2**20)
+    configured = int(float(os.environ.get("DDL_SHM_POOL_MB", "1024")) * 2**20)
+    shm = os.statvfs("/dev/shm")
+    return min(configured, shm.f_bavail * shm.f_frsize)  # the pool commits only what exists
 
 
 @case
