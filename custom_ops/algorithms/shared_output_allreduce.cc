@@ -5,8 +5,6 @@ namespace ddl {
 namespace {
 // TensorFlow expects a tensor's data to be aligned this much.
 constexpr size_t kTensorAlignment = 64;
-
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 }  // namespace
 
 bool SharedOutputAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,

@@ -1,7 +1,7 @@
 #include "executor.h"
 
-#include <cctype>
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -78,20 +78,20 @@ Executor::Executor(Context& ctx) : ctx_(ctx) {
   }
 }
 
+Status Executor::AllocateOutput(Work& w, std::vector<std::vector<char>>* scratch) {
+  if (w.output != nullptr) return Status::Ok();
+  Status s = w.allocate ? w.allocate(w.shape, &w.output)
+                        : Status::Internal("allreduce '" + w.name + "' has no output");
+  // An empty tensor may have no buffer at all.
+  if (s.ok() && (w.output != nullptr || Bytes(w) == 0)) return s;
+  scratch->emplace_back(std::max<size_t>(Bytes(w), 1));
+  w.output = scratch->back().data();
+  return s.ok() ? Status::Internal("no output for allreduce '" + w.name + "'") : s;
+}
+
 void Executor::AllocateOutputs(std::vector<Work*>& batch, std::vector<Status>* status,
                                std::vector<std::vector<char>>* scratch) {
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Work& w = *batch[i];
-    if (w.output != nullptr) continue;
-    Status s = w.allocate ? w.allocate(w.shape, &w.output)
-                          : Status::Internal("allreduce '" + w.name + "' has no output");
-    // An empty tensor may have no buffer at all.
-    if (!s.ok() || (w.output == nullptr && Bytes(w) > 0)) {
-      (*status)[i] = s.ok() ? Status::Internal("no output for allreduce '" + w.name + "'") : s;
-      scratch->emplace_back(std::max<size_t>(Bytes(w), 1));
-      w.output = scratch->back().data();
-    }
-  }
+  for (size_t i = 0; i < batch.size(); ++i) (*status)[i] = AllocateOutput(*batch[i], scratch);
 }
 
 bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* status,
@@ -114,10 +114,7 @@ bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* 
       continue;
     }
     // A caller that brought its own output, or cannot adopt one, gets a copy.
-    std::vector<Work*> one{&w};
-    std::vector<Status> one_status(1);
-    AllocateOutputs(one, &one_status, scratch);
-    (*status)[i] = one_status[0];
+    (*status)[i] = AllocateOutput(w, scratch);
     CopyUnlessSame(w.output, results[i].data, Bytes(w));
   }
   *phases = {{"SHM_COPY_IN", times.copy_in},

@@ -32,9 +32,11 @@ class Executor {
   Context& ctx_;
   TrafficCounters traffic_;
   std::vector<char> fusion_buffer_;
-  // Gives every allreduce of `batch` without an output one; a failed
-  // allocation gets scratch memory (the collective must still run on every
-  // rank) and its error in `status`.
+  // Gives an allreduce without an output one; a failed allocation gets
+  // scratch memory (the collective must still run on every rank) and its
+  // error is returned.
+  Status AllocateOutput(Work& work, std::vector<std::vector<char>>* scratch);
+  // AllocateOutput for each of `batch`, errors into `status`.
   void AllocateOutputs(std::vector<Work*>& batch, std::vector<Status>* status,
                        std::vector<std::vector<char>>* scratch);
   // Runs `batch` into one result in node shared memory that the outputs

@@ -62,12 +62,8 @@ void NodeSegment::Unmap() {
   fd_ = -1;
 }
 
-bool NodeSegment::Commit(size_t offset, size_t bytes, std::string* why) {
-  // posix_fallocate returns the error instead of setting errno.
-  const int err = posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
-  if (err == 0) return true;
-  if (why) *why = std::strerror(err);
-  return false;
+bool NodeSegment::Commit(size_t offset, size_t bytes) {
+  return posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0;
 }
 
 }  // namespace ddl

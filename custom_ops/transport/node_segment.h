@@ -10,6 +10,9 @@
 
 namespace ddl {
 
+// n rounded up to a multiple of `to`.
+inline size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
 class NodeSegment {
  public:
   // Collective over `node`. `name_token` must be unique to the job, node and
@@ -24,9 +27,8 @@ class NodeSegment {
   size_t bytes() const { return bytes_; }
 
   // Reserves memory behind [offset, offset + bytes) so that touching it
-  // cannot fault when /dev/shm is full; false (with errno's reason in
-  // *why) when there is no room.
-  bool Commit(size_t offset, size_t bytes, std::string* why);
+  // cannot fault when /dev/shm is full; false when there is no room.
+  bool Commit(size_t offset, size_t bytes);
 
  private:
   void Unmap();

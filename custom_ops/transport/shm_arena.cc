@@ -12,8 +12,6 @@ namespace {
 // invalidates the line another rank is polling.
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
-
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 }  // namespace
 
 std::unique_ptr<ShmArena> ShmArena::Create(MpiTransport& node, const std::string& name_token,

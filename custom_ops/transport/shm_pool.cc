@@ -6,7 +6,6 @@
 namespace ddl {
 
 namespace {
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 // Memory is committed in steps this large, so a growing pool asks the
 // kernel rarely.
 constexpr size_t kCommitStep = size_t{8} << 20;
@@ -38,7 +37,7 @@ uint64_t ShmPool::Allocate(size_t bytes, int holders) {
   const size_t end = start + bytes;
   if (end > committed_) {
     const size_t target = std::min(segment_->bytes(), RoundUp(end, kCommitStep));
-    if (!segment_->Commit(committed_, target - committed_, nullptr)) return kNone;
+    if (!segment_->Commit(committed_, target - committed_)) return kNone;
     committed_ = target;
   }
   const size_t rest = it->second - bytes;
