@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -128,6 +129,14 @@ class BuildCustomOps(build_ext):
 
     def get_outputs(self):
         return getattr(self, "_ddl_outputs", [])
+
+    def copy_extensions_to_source(self):
+        # Editable installs (pip install -e .): the libraries go next to the
+        # package's sources, which is where Python then imports them from.
+        package_dir = os.path.join(HERE, "keras_ddl")
+        for path in getattr(self, "_ddl_outputs", []):
+            if os.path.dirname(os.path.abspath(path)) != package_dir:
+                shutil.copy2(path, package_dir)
 
 
 setup(

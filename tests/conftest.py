@@ -116,3 +116,75 @@ def case_names(script):
                 names.append(line[4:line.index("(")])
                 pending = False
     return names
+
+
+# --- the test cluster: network namespaces with shaped links ---------------
+
+_CLUSTERS = {}
+
+
+def test_cluster(nodes, rate="1gbit"):
+    """A cluster of ``nodes`` namespaces for the session (built once, torn
+    down at exit); skips the test when this machine cannot build one."""
+    from keras_ddl.cluster import NetnsCluster, missing_requirements
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+    cluster = _CLUSTERS.get(nodes)
+    if cluster is None:
+        cluster = _CLUSTERS[nodes] = NetnsCluster(nodes, rate).up()
+    if cluster.rate != rate:
+        cluster.set_rate(rate)
+    return cluster
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for cluster in _CLUSTERS.values():
+        cluster.down()
+    _CLUSTERS.clear()
+
+
+def run_on_cluster(cluster, ranks_per_node, script, args=(), env=None, timeout=300):
+    """Runs ``python script args`` with ``ranks_per_node`` ranks on every
+    node of ``cluster``; returns (CompletedProcess, [(sent, received)] bytes
+    each node's link carried during the launch)."""
+    from keras_ddl.cluster import MPI_ENV
+    nprocs = ranks_per_node * cluster.nodes
+    argv = [mpiexec_path(), *cluster.mpiexec_args(ranks_per_node), "-n", str(nprocs),
+            sys.executable, script, *args]
+    before = cluster.link_bytes()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=launch_env(dict(MPI_ENV, **(env or {}))), cwd=TESTS_DIR)
+    except subprocess.TimeoutExpired as e:
+        def text(data):
+            return (data or b"").decode(errors="replace") if isinstance(data, bytes) else data
+        pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n"
+                    f"stdout:\n{text(e.stdout)[-4000:]}\nstderr:\n{text(e.stderr)[-4000:]}")
+    after = cluster.link_bytes()
+    moved = [(s1 - s0, r1 - r0) for (s0, r0), (s1, r1) in zip(before, after)]
+    return proc, moved
+
+
+class ClusterCaseRun(CaseRun):
+    """A case script launched on the test cluster; ``link_bytes`` holds what
+    each node's link carried during the launch."""
+
+    def __init__(self, cluster, ranks_per_node, script, env=None, timeout=400, cases=()):
+        self.nprocs = ranks_per_node * cluster.nodes
+        self.proc, self.link_bytes = run_on_cluster(
+            cluster, ranks_per_node, os.path.join(MPI_DIR, script), args=cases, env=env,
+            timeout=timeout)
+        self.results = parse_cases(self.proc)
+
+
+_CLUSTER_LAUNCHES = {}
+
+
+def shared_cluster_launch(nodes, ranks_per_node, script, env=None, cases=(), rate="1gbit"):
+    key = (nodes, ranks_per_node, script, tuple(sorted((env or {}).items())), tuple(cases), rate)
+    if key not in _CLUSTER_LAUNCHES:
+        cluster = test_cluster(nodes, rate)
+        _CLUSTER_LAUNCHES[key] = ClusterCaseRun(cluster, ranks_per_node, script, env=env,
+                                                cases=cases)
+    return _CLUSTER_LAUNCHES[key]

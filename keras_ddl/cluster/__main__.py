@@ -1,0 +1,59 @@
+"""python -m keras_ddl.cluster run --nodes 2 --ranks-per-node 2 --rate 1gbit -- python train.py
+
+Builds a cluster of network namespaces (one per node, links capped at
+--rate), runs the command under mpiexec with the ranks spread over the
+nodes, prints the bytes each link carried, and tears the cluster down
+(also on Ctrl-C). ``clean`` removes clusters left by killed runs.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+from .netns import MPI_ENV, ClusterError, NetnsCluster, remove_stale_clusters
+
+
+def find_mpiexec():
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else "mpiexec"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m keras_ddl.cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    run = sub.add_parser("run", help="build a cluster, run a command on it, tear it down")
+    run.add_argument("--nodes", type=int, default=2)
+    run.add_argument("--ranks-per-node", type=int, default=1)
+    run.add_argument("--rate", default="1gbit", help="link rate each way: 100mbit, 1gbit, ...")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    sub.add_parser("clean", help="remove clusters whose owner process is gone")
+    args = p.parse_args(argv)
+    if args.what == "clean":
+        remove_stale_clusters()
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("run: no command given")
+    try:
+        with NetnsCluster(args.nodes, args.rate) as cluster:
+            argv = [find_mpiexec(), *cluster.mpiexec_args(args.ranks_per_node),
+                    "-n", str(args.nodes * args.ranks_per_node), *command]
+            print("+", " ".join(argv), flush=True)
+            before = cluster.link_bytes()
+            try:
+                code = subprocess.run(argv, env=dict(os.environ, **MPI_ENV)).returncode
+            except KeyboardInterrupt:
+                code = 130
+            after = cluster.link_bytes()
+            for host, (s0, r0), (s1, r1) in zip(cluster.hosts, before, after):
+                print(f"{host}: sent {s1 - s0} bytes, received {r1 - r0} bytes over its link")
+            return code
+    except ClusterError as e:
+        print(f"keras_ddl.cluster: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""A cluster of network namespaces on one Linux machine, for trying and
+testing multi-node runs without servers.
+
+Each node is a network namespace joined to a Linux bridge by a veth pair;
+`tc tbf` on both ends of the pair caps the node's link at the given rate in
+each direction. Ranks are started in a node by an ssh stand-in script that
+MPICH's launcher runs in place of ssh (``mpiexec -launcher ssh
+-launcher-exec STANDIN``): it enters the node's namespace and sets the
+node's hostname in a UTS namespace of its own (``unshare -u``), so
+``MPI_COMM_TYPE_SHARED`` and ``socket.gethostname()`` see one host per node.
+
+Names are unique per cluster (``kd`` + 5 hex digits), so several clusters
+can exist at once. A cluster records its owner's pid; a cluster whose owner
+died (a crashed or killed run) is removed by the next ``NetnsCluster.up``.
+Addresses come from 198.18.0.0/15, the range reserved for benchmarking
+(RFC 2544); nothing else is ever a target. Needs root, ``ip`` and ``tc``.
+"""
+
+import ipaddress
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+
+STATE_ROOT = "/run/keras_ddl_cluster"
+BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
+# The launcher's stand-in talks to MPI over TCP through the links; UCX would
+# otherwise move traffic between namespaces of one machine through shared
+# memory, and the links would carry nothing.
+MPI_ENV = {"UCX_TLS": "tcp,self"}
+
+RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def parse_rate(text):
+    """'100mbit', '1gbit', '10gbit' -> bits per second."""
+    t = str(text).strip().lower()
+    for unit, scale in RATE_UNITS.items():
+        if t.endswith(unit):
+            try:
+                value = float(t[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * scale
+    raise ClusterError(f"rate={text!r}: expected a positive number with kbit, mbit or gbit "
+                       "(e.g. 100mbit, 1gbit)")
+
+
+def missing_requirements():
+    """Why a cluster cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"'{tool}' is not installed (iproute2 / util-linux)"
+    return None
+
+
+def _run(*argv, check=True):
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class NetnsCluster:
+    """``nodes`` namespaces behind one bridge, each link capped at ``rate``.
+
+    Use as a context manager (torn down on exit, also on an exception or
+    SIGTERM) or call ``up()`` / ``down()``. ``hosts`` are the node names to
+    give the launcher (``node1`` ...); ``standin`` is the ssh stand-in."""
+
+    def __init__(self, nodes, rate="1gbit", name=None):
+        if int(nodes) != nodes or nodes < 1:
+            raise ClusterError(f"nodes={nodes!r}: expected a whole number >= 1")
+        self.nodes = int(nodes)
+        self.rate_bps = parse_rate(rate)
+        self.rate = rate
+        self.name = name or "kd" + secrets.token_hex(3)[:5]
+        self.state_dir = os.path.join(STATE_ROOT, self.name)
+        self.bridge = self.name + "b"
+        self.hosts = [f"node{i + 1}" for i in range(self.nodes)]
+        self.namespaces = [f"{self.name}-n{i + 1}" for i in range(self.nodes)]
+        self.host_veths = [f"{self.name}v{i + 1}" for i in range(self.nodes)]
+        self.addresses = []
+        self.bridge_address = None
+        self.standin = os.path.join(self.state_dir, "ssh-standin")
+        self._old_sigterm = None
+        self._is_up = False
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def up(self):
+        reason = missing_requirements()
+        if reason:
+            raise ClusterError(reason)
+        remove_stale_clusters()
+        os.makedirs(self.state_dir, exist_ok=False)
+        with open(os.path.join(self.state_dir, "owner"), "w") as f:
+            f.write(str(os.getpid()))
+        self._is_up = True
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        self._catch_sigterm()
+        return self
+
+    def _build(self):
+        subnet = _free_subnet(self.name)
+        ips = list(subnet.hosts())
+        self.bridge_address = str(ips[0])
+        self.addresses = [str(ips[10 + i]) for i in range(self.nodes)]
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.bridge_address}/{subnet.prefixlen}", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for ns, veth, addr in zip(self.namespaces, self.host_veths, self.addresses):
+            _run("ip", "netns", "add", ns)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _run("ip", "link", "set", veth, "master", self.bridge, "up")
+            _run("ip", "-n", ns, "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")
+            _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+        self.set_rate(self.rate)
+        self._write_standin()
+        with open(os.path.join(self.state_dir, "hosts"), "w") as f:
+            for host, addr, ns in zip(self.hosts, self.addresses, self.namespaces):
+                f.write(f"{host} {addr} {ns}\n")
+
+    def down(self):
+        """Removes everything this cluster made; safe to call twice."""
+        if not self._is_up:
+            return
+        self._is_up = False
+        _teardown(self.name, self.nodes)
+        if self._old_sigterm is not None:
+            try:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
+            except ValueError:
+                pass
+            self._old_sigterm = None
+
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc):
+        self.down()
+        return False
+
+    def _catch_sigterm(self):
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+        except ValueError:
+            return
+
+        def on_term(signum, frame):
+            self.down()
+            if callable(previous):
+                previous(signum, frame)
+            raise SystemExit(128 + signum)
+
+        try:
+            signal.signal(signal.SIGTERM, on_term)
+            self._old_sigterm = previous
+        except ValueError:  # not the main thread: rely on the stale-cluster sweep
+            pass
+
+    # -- links -------------------------------------------------------------
+
+    def set_rate(self, rate):
+        """Caps every link at ``rate`` in both directions (tc tbf)."""
+        bps = parse_rate(rate)
+        self.rate, self.rate_bps = rate, bps
+        # A bucket of 2 ms at the rate, and at least 256 KB so segmentation
+        # offload's 64 KB packets always fit.
+        burst = max(256 * 1024, int(bps / 8 * 0.002))
+        shape = ["root", "tbf", "rate", f"{int(bps)}bit", "burst", str(burst), "latency", "100ms"]
+        for ns, veth in zip(self.namespaces, self.host_veths):
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", *shape)
+            _run("tc", "qdisc", "replace", "dev", veth, *shape)
+
+    def set_link(self, node, up):
+        """Takes node ``node`` (0-based) off the bridge (up=False) or back."""
+        _run("ip", "link", "set", self.host_veths[node], "up" if up else "down")
+
+    def link_bytes(self):
+        """[(sent, received)] bytes of each node's link, as counted by the
+        bridge side of its veth."""
+        out = []
+        for veth in self.host_veths:
+            base = f"/sys/class/net/{veth}/statistics/"
+            with open(base + "rx_bytes") as f:
+                sent = int(f.read())
+            with open(base + "tx_bytes") as f:
+                received = int(f.read())
+            out.append((sent, received))
+        return out
+
+    # -- launching ---------------------------------------------------------
+
+    def _write_standin(self):
+        cases = "\n".join(
+            f"  {host}|{addr}) ns={ns}; name={host};;"
+            for host, addr, ns in zip(self.hosts, self.addresses, self.namespaces))
+        script = f"""#!/bin/sh
+# ssh stand-in for cluster {self.name}: ssh [options] HOST COMMAND...
+# runs COMMAND in HOST's network namespace under HOST's hostname.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -[bcDEeFIiJLlmOopQRSWw]) shift 2;;
+    -*) shift;;
+    *) break;;
+  esac
+done
+host=$1; shift
+case "$host" in
+{cases}
+  *) echo "ssh-standin ({self.name}): unknown host '$host'" >&2; exit 255;;
+esac
+exec ip netns exec "$ns" unshare -u sh -c "hostname $name; exec $*"
+"""
+        with open(self.standin, "w") as f:
+            f.write(script)
+        os.chmod(self.standin, 0o755)
+
+    def mpiexec_args(self, ranks_per_node):
+        """The launcher options that place ``ranks_per_node`` ranks on
+        every node (prepend the mpiexec path, append -n and the command)."""
+        return ["-launcher", "ssh", "-launcher-exec", self.standin, "-iface", self.bridge,
+                "-hosts", ",".join(f"{h}:{ranks_per_node}" for h in self.hosts)]
+
+
+def _free_subnet(name):
+    """A /24 of 198.18.0.0/15 that no interface here uses yet."""
+    used = set()
+    for line in _run("ip", "-4", "-o", "addr", check=False).stdout.splitlines():
+        for word in line.split():
+            if "/" in word and word[0].isdigit():
+                used.add(ipaddress.ip_interface(word).network)
+    subnets = list(BENCH_NET.subnets(new_prefix=24))
+    start = int(name[2:], 16) % len(subnets)
+    for k in range(len(subnets)):
+        candidate = subnets[(start + k) % len(subnets)]
+        if not any(candidate.overlaps(u) for u in used):
+            return candidate
+    raise ClusterError("no free /24 left in 198.18.0.0/15")
+
+
+def _teardown(name, nodes=None):
+    state_dir = os.path.join(STATE_ROOT, name)
+    namespaces = [ns for ns in _list_namespaces() if ns.startswith(name + "-n")]
+    for ns in namespaces:
+        _run("ip", "netns", "del", ns, check=False)  # removes the veth pair with it
+    _run("ip", "link", "del", name + "b", check=False)
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _list_namespaces():
+    out = _run("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def remove_stale_clusters():
+    """Removes clusters whose owning process is gone (a crashed run)."""
+    if not os.path.isdir(STATE_ROOT):
+        os.makedirs(STATE_ROOT, exist_ok=True)
+    known = set()
+    for name in os.listdir(STATE_ROOT):
+        known.add(name)
+        try:
+            with open(os.path.join(STATE_ROOT, name, "owner")) as f:
+                owner = int(f.read())
+        except (OSError, ValueError):
+            owner = None
+        if owner is None or not _pid_alive(owner):
+            _teardown(name)
+    # Namespaces of ours without a state directory (killed mid-build).
+    for ns in _list_namespaces():
+        prefix = ns.split("-n")[0]
+        if ns.startswith("kd") and "-n" in ns and prefix not in known:
+            _teardown(prefix)
