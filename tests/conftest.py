@@ -123,7 +123,7 @@ def case_names(script):
 _CLUSTERS = {}
 
 
-def test_cluster(nodes, rate="1gbit"):
+def netns_cluster(nodes, rate="1gbit"):
     """A cluster of ``nodes`` namespaces for the session (built once, torn
     down at exit); skips the test when this machine cannot build one."""
     from keras_ddl.cluster import NetnsCluster, missing_requirements
@@ -184,7 +184,7 @@ _CLUSTER_LAUNCHES = {}
 def shared_cluster_launch(nodes, ranks_per_node, script, env=None, cases=(), rate="1gbit"):
     key = (nodes, ranks_per_node, script, tuple(sorted((env or {}).items())), tuple(cases), rate)
     if key not in _CLUSTER_LAUNCHES:
-        cluster = test_cluster(nodes, rate)
+        cluster = netns_cluster(nodes, rate)
         _CLUSTER_LAUNCHES[key] = ClusterCaseRun(cluster, ranks_per_node, script, env=env,
                                                 cases=cases)
     return _CLUSTER_LAUNCHES[key]
