@@ -11,9 +11,10 @@ Trains the same small CNN for the same number of epochs at global batch B,
 Both SGD recipes use Goyal et al.'s step schedule (divide by 10 at 1/3, 2/3 and
 8/9 of training, i.e. epochs 30/60/80 of 90, scaled to this run's length);
 the rate at batch b is `base_lr * b / 256` with Goyal's base 0.1. LARS
-(trust coefficient eeta = 0.001, weight decay 1e-4, not applied to biases
-and BatchNormalization parameters) follows the same linear rule with base
-10: a LARS step moves each layer by about `lr * eeta` of its norm, and at
+(trust coefficient eeta = 0.001, applied to every variable as in You et
+al.'s Algorithm 1 and LARS's default; weight decay 1e-4, not applied to
+biases and BatchNormalization parameters) follows the same linear rule with
+base 10: a LARS step moves each layer by about `lr * eeta` of its norm, and at
 initialization this model's gradients have `||g|| / ||w|| ~ 0.1` per layer
 at batch 256, so SGD's 0.1 moves a layer by ~1%, as does LARS at
 0.01 / eeta = 10. (A first try with 0.3 per 256, SimCLR's LARS recipe, left
@@ -241,7 +242,8 @@ def write_markdown(results, args, path, wall_seconds):
         f"{args.train_samples} training / {args.test_samples} test images, "
         f"{args.warmup_epochs} warmup epochs, seed {args.seed}, one process; "
         f"{wall_seconds / 60:.1f} min wall time). Baseline: `sgd` at batch "
-        f"{batches[0]}, {100 * baseline:.2f}%.",
+        f"{batches[0]}, {100 * baseline:.2f}%. LARS adapts every variable "
+        "(its default: no `exclude_from_layer_adaptation`).",
         "",
         "| recipe | " + " | ".join(f"batch {b}" for b in batches) + " |",
         "|---" * (len(batches) + 1) + "|",

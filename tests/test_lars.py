@@ -16,9 +16,10 @@ def reference_step(w, g, v, lr, momentum, wd, eeta, epsilon, nesterov, adapt):
     """One LARS step (DESIGN.md), in float64. Returns (new w, new v)."""
     w, g, v = (np.asarray(a, np.float64) for a in (w, g, v))
     w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
+    denominator = g_norm + wd * w_norm + epsilon
     trust = 1.0
-    if adapt and w_norm > 0 and g_norm > 0:
-        trust = eeta * w_norm / (g_norm + wd * w_norm + epsilon)
+    if adapt and w_norm > 0 and denominator > 0:
+        trust = eeta * w_norm / denominator
     scaled = lr * trust * (g + wd * w)
     v = momentum * v + scaled
     w = w - (momentum * v + scaled if nesterov else v)
@@ -49,9 +50,11 @@ def test_matches_numpy_reference_over_steps(nesterov, epsilon, graph):
     lr = 0.7
     init = {
         "kernel": rng.normal(size=(4, 3)),  # decayed and adapted
-        "bias": rng.normal(size=(3,)),  # excluded from both by default
+        "bias": rng.normal(size=(3,)),  # adapted, not decayed, by default
         "zero_kernel": np.zeros((5,)),  # ||w|| = 0 at the first step
-        "still_kernel": rng.normal(size=(2, 2)),  # gets zero gradients
+        "zero_bias": np.zeros((3,)),  # the same, without weight decay
+        "still_kernel": rng.normal(size=(2, 2)),  # zero gradients: eeta / wd
+        "still_bias": rng.normal(size=(2,)),  # zero gradients, denominator 0
     }
     variables = [keras.Variable(v.astype("float32"), name=k) for k, v in init.items()]
     opt = LARS(
@@ -70,6 +73,7 @@ def test_matches_numpy_reference_over_steps(nesterov, epsilon, graph):
     for step in range(5):
         grads = {k: rng.normal(size=v.shape) for k, v in init.items()}
         grads["still_kernel"] = np.zeros((2, 2))
+        grads["still_bias"] = np.zeros((2,))
         if step == 2:
             grads["kernel"] = np.zeros((4, 3))
         tf_grads = [tf.constant(grads[k], tf.float32) for k in init]
@@ -78,39 +82,102 @@ def test_matches_numpy_reference_over_steps(nesterov, epsilon, graph):
         else:
             apply(zip(tf_grads, variables))
         for name in init:
-            excluded = name == "bias"
+            decayed = "bias" not in name
             ref_w[name], ref_v[name] = reference_step(
                 ref_w[name],
                 np.float32(grads[name]),
                 ref_v[name],
                 lr,
                 hp["momentum"],
-                0.0 if excluded else hp["wd"],
+                hp["wd"] if decayed else 0.0,
                 hp["eeta"],
                 epsilon,
                 nesterov,
-                adapt=not excluded,
+                adapt=True,
             )
         for name, var in zip(init, variables):
             np.testing.assert_allclose(var.numpy(), ref_w[name], rtol=1e-6, atol=1e-6)
             np.testing.assert_allclose(
                 velocity(opt, var), ref_v[name], rtol=1e-6, atol=1e-6
             )
-    # The trust ratio really acted: an unadapted step would move far more.
+    # The trust ratio really acted, on the bias too: unadapted steps
+    # (lr * g, lr = 0.7, g ~ N(0, 1), 5 steps with momentum) would move the
+    # bias by more than 10.
     assert np.abs(variables[0].numpy() - init["kernel"]).max() < 0.2
-    assert np.abs(variables[1].numpy() - init["bias"]).max() > 1.0
+    assert np.abs(variables[1].numpy() - init["bias"]).max() < 1.0
+    assert np.array_equal(variables[5].numpy(), np.float32(init["still_bias"]))
 
 
-def test_zero_gradient_and_zero_weight_use_trust_one():
+def test_zero_initialized_bias_takes_a_full_first_step_then_adaptive_ones():
+    # Default exclusions: the bias is not decayed but is adapted.
+    b = keras.Variable(np.zeros(2, "float32"), name="bias")
     w = keras.Variable(np.array([3.0, 4.0], "float32"), name="kernel")
+    opt = LARS(0.5, momentum=0.9, weight_decay=0.01, eeta=0.02)
+    g = tf.constant([0.6, 0.8])
+    opt.apply_gradients([(g, b), (g, w)])
+    # ||b|| = 0: trust = 1, v = lr * g = [0.3, 0.4].
+    np.testing.assert_allclose(velocity(opt, b), [0.3, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), [-0.3, -0.4], rtol=1e-6)
+    # The kernel, decayed and adapted, as in test_golden_values_one_step.
+    np.testing.assert_allclose(w.numpy(), [2.97, 3.96], rtol=1e-6)
+    opt.apply_gradients([(g, b), (g, w)])
+    # ||b|| = 0.5, ||g|| = 1, wd = 0: trust = 0.02 * 0.5 / 1 = 0.01, so
+    # v = 0.9 * [0.3, 0.4] + 0.5 * 0.01 * [0.6, 0.8] = [0.273, 0.364].
+    # (Unadapted, the step would add [0.3, 0.4] instead of [0.003, 0.004].)
+    np.testing.assert_allclose(velocity(opt, b), [0.273, 0.364], rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), [-0.573, -0.764], rtol=1e-6)
+
+
+def test_zero_gradient_with_weight_decay_gets_eeta_over_wd():
+    w = keras.Variable(np.array([3.0, 4.0], "float32"), name="kernel")
+    b = keras.Variable(np.array([1.0, 2.0], "float32"), name="bias")
     z = keras.Variable(np.zeros(2, "float32"), name="other_kernel")
     opt = LARS(0.5, momentum=0.9, weight_decay=0.1, eeta=0.001)
-    opt.apply_gradients([(tf.zeros(2), w), (tf.constant([1.0, -2.0]), z)])
-    # g = 0: trust = 1, the step is the weight decay alone: w - lr * wd * w.
-    np.testing.assert_allclose(w.numpy(), [3 - 0.15, 4 - 0.2], rtol=1e-6)
+    opt.apply_gradients([(tf.zeros(2), w), (tf.zeros(2), b), (tf.zeros(2), z)])
+    # g = 0: trust = eeta * 5 / (0 + 0.1 * 5) = eeta / wd = 0.01 (not 1), and
+    # v = lr * trust * wd * w = lr * eeta * w = 0.0005 * [3, 4].
+    np.testing.assert_allclose(velocity(opt, w), [0.0015, 0.002], rtol=1e-6)
+    np.testing.assert_allclose(w.numpy(), [2.9985, 3.998], rtol=1e-6)
+    # Not decayed, g = 0: the denominator is 0, trust = 1, and no step.
+    # w = 0 and g = 0: trust = 1, no step. Nothing becomes inf or nan.
+    np.testing.assert_array_equal(b.numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(z.numpy(), [0.0, 0.0])
+    for var in (b, z):
+        np.testing.assert_array_equal(velocity(opt, var), [0.0, 0.0])
+
+
+def test_zero_weight_uses_trust_one():
+    z = keras.Variable(np.zeros(2, "float32"), name="kernel")
+    opt = LARS(0.5, momentum=0.9, weight_decay=0.1, eeta=0.001)
+    opt.apply_gradients([(tf.constant([1.0, -2.0]), z)])
     # w = 0: trust = 1, plain momentum SGD: -lr * g.
     np.testing.assert_allclose(z.numpy(), [-0.5, 1.0], rtol=1e-6)
-    assert np.all(np.isfinite(velocity(opt, w)))
+
+
+def test_exclude_from_layer_adaptation_takes_lr_times_g():
+    values = {
+        "kernel": np.array([3.0, 4.0]),
+        "bias": np.array([1.0, 2.0]),
+        "special_kernel": np.array([3.0, 4.0]),
+    }
+    variables = [keras.Variable(v.astype("float32"), name=k) for k, v in values.items()]
+    opt = LARS(
+        0.5,
+        momentum=0.9,
+        weight_decay=0.01,
+        eeta=0.02,
+        exclude_from_layer_adaptation=["bias", "special"],
+    )
+    g = tf.constant([0.6, 0.8])
+    opt.apply_gradients([(g, v) for v in variables])
+    assert opt._adapts == [True, False, False]
+    assert opt._decays == [True, False, True]
+    # Adapted as in test_golden_values_one_step.
+    np.testing.assert_allclose(variables[0].numpy(), [2.97, 3.96], rtol=1e-6)
+    # Excluded, not decayed: w - lr * g = [1 - 0.3, 2 - 0.4].
+    np.testing.assert_allclose(variables[1].numpy(), [0.7, 1.6], rtol=1e-6)
+    # Excluded, decayed: w - lr * (g + wd * w) = w - 0.5 * [0.63, 0.84].
+    np.testing.assert_allclose(variables[2].numpy(), [2.685, 3.58], rtol=1e-6)
 
 
 def test_explicit_exclusions():
@@ -147,17 +214,17 @@ def test_explicit_exclusions():
         np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6)
 
 
-def test_adaptation_excludes_follow_weight_decay_excludes_by_default():
+def test_weight_decay_excludes_do_not_exclude_from_adaptation():
     w = keras.Variable(np.array([3.0, 4.0], "float32"), name="frozen_scale")
     opt = LARS(0.5, weight_decay=0.1, eeta=0.02, exclude_from_weight_decay=["frozen"])
     opt.apply_gradients([(tf.constant([0.6, 0.8]), w)])
-    # wd = 0 and trust = 1: w - lr * g.
-    np.testing.assert_allclose(w.numpy(), [2.7, 3.6], rtol=1e-6)
+    # wd = 0, trust = 0.02 * 5 / 1 = 0.1: w - 0.05 * g.
+    np.testing.assert_allclose(w.numpy(), [2.97, 3.96], rtol=1e-6)
 
 
 def test_inherited_exclude_from_weight_decay_method():
     w = keras.Variable(np.array([3.0, 4.0], "float32"), name="kernel")
-    opt = LARS(0.5, weight_decay=0.1, eeta=0.02, exclude_from_layer_adaptation=[])
+    opt = LARS(0.5, weight_decay=0.1, eeta=0.02)
     opt.exclude_from_weight_decay(var_list=[w])
     opt.apply_gradients([(tf.constant([0.6, 0.8]), w)])
     expected, _ = reference_step(
@@ -182,7 +249,7 @@ def test_default_exclusions_on_a_real_model():
     opt.build(model.trainable_variables)
     decays = {v.path: d for v, d in zip(model.trainable_variables, opt._decays)}
     adapts = {v.path: a for v, a in zip(model.trainable_variables, opt._adapts)}
-    assert decays == adapts
+    assert all(adapts.values())  # Algorithm 1 adapts every layer.
     assert decays == {
         "sequential/dense/kernel": True,
         "sequential/dense/bias": False,
@@ -227,6 +294,20 @@ def test_get_config_round_trip():
     assert isinstance(generic, LARS) and generic.get_config() == config
 
 
+def test_default_config_round_trip_adapts_everything():
+    config = LARS(0.1).get_config()
+    assert config["exclude_from_weight_decay"] is None
+    assert config["exclude_from_layer_adaptation"] is None
+    restored = LARS.from_config(copy.deepcopy(config))
+    assert restored.get_config() == config
+    variables = [
+        keras.Variable(np.ones(2, "float32"), name=n) for n in ("kernel", "bias")
+    ]
+    restored.build(variables)
+    assert restored._adapts == [True, True]
+    assert restored._decays == [True, False]
+
+
 @pytest.mark.parametrize(
     "kwargs, argument",
     [
@@ -264,14 +345,22 @@ def _small_model(seed=1, batch_norm=True):
     )
 
 
-def test_save_and_load_keras_file(tmp_path):
+@pytest.mark.parametrize(
+    "exclusions",
+    [
+        {},  # the defaults: every variable adapted
+        {
+            "exclude_from_weight_decay": ["bias", "gamma", "beta"],
+            "exclude_from_layer_adaptation": ["gamma", "beta"],
+        },
+    ],
+)
+def test_save_and_load_keras_file(tmp_path, exclusions):
     x, y = _classification_data()
     model = _small_model()
     lr = schedules.PolynomialDecayWithWarmup(2.0, total_steps=40, warmup_steps=4)
     model.compile(
-        optimizer=LARS(
-            lr, nesterov=True, exclude_from_weight_decay=["bias", "gamma", "beta"]
-        ),
+        optimizer=LARS(lr, nesterov=True, **exclusions),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     model.fit(x, y, batch_size=64, epochs=2, verbose=0)
@@ -281,6 +370,10 @@ def test_save_and_load_keras_file(tmp_path):
 
     assert isinstance(loaded.optimizer, LARS)
     assert loaded.optimizer.get_config() == model.optimizer.get_config()
+    adapts = model.optimizer._adapts
+    assert loaded.optimizer._adapts == adapts
+    assert loaded.optimizer._decays == model.optimizer._decays
+    assert adapts.count(False) == (2 if exclusions else 0)  # gamma and beta
     assert int(loaded.optimizer.iterations.numpy()) == 8
     saved_vars = [v.numpy() for v in model.optimizer.variables]
     loaded_vars = [v.numpy() for v in loaded.optimizer.variables]

@@ -38,8 +38,8 @@ class LARS(keras.optimizers.Optimizer):
 
     ```python
     trust = eeta * norm(w) / (norm(g) + wd * norm(w) + epsilon)
-    # trust = 1 if norm(w) == 0 or norm(g) == 0, or if `w` is excluded
-    # from layer adaptation.
+    # trust = 1 where norm(w) == 0 or the denominator is 0, or if `w` is
+    # excluded from layer adaptation (opt-in, see below).
     v = momentum * v + lr * trust * (g + wd * w)
     w = w - v
     ```
@@ -50,14 +50,24 @@ class LARS(keras.optimizers.Optimizer):
     The velocity has the dtype of the variable it belongs to, which is
     float32 under a `mixed_float16`/`mixed_bfloat16` policy.
 
+    As in Algorithm 1 of the paper, every variable is adapted by default,
+    biases and normalization parameters included. A zero-initialized
+    variable (a bias, a BatchNormalization `beta`) therefore takes one
+    unadapted step `lr * g` while its norm is 0, then adaptive ones. A
+    zero gradient does not make the trust ratio 1: with weight decay the
+    denominator is still `wd * norm(w)`, so `trust = eeta / wd` (with
+    `epsilon = 0`) and the velocity gains `lr * eeta * w`. Without weight
+    decay a zero gradient adds nothing to the velocity.
+
     Exclusions are lists of regular expressions searched (`re.search`) in each
     variable's `path` (e.g. `"sequential/dense/bias"`) and in its `name`. By
     default biases and normalization parameters are excluded from weight
-    decay: the patterns `"bias"`, `"gamma"`, `"beta"` and
-    `"(batch|layer|group|rms)_norm"`. Since these are substring matches, a
-    layer whose own name contains one of them (say `"alphabeta"`) is
-    excluded entirely; pass explicit lists to control this. Variables passed
-    to the inherited `exclude_from_weight_decay()` method are excluded too.
+    decay (not from layer adaptation): the patterns `"bias"`, `"gamma"`,
+    `"beta"` and `"(batch|layer|group|rms)_norm"`. Since these are substring
+    matches, a layer whose own name contains one of them (say `"alphabeta"`)
+    is excluded entirely; pass explicit lists to control this. Variables
+    passed to the inherited `exclude_from_weight_decay()` method are excluded
+    from weight decay too.
 
     Args:
         learning_rate: A float, a
@@ -75,8 +85,17 @@ class LARS(keras.optimizers.Optimizer):
             default (biases and normalization parameters). `[]` excludes
             nothing.
         exclude_from_layer_adaptation: A list of name patterns for variables
-            that use `trust = 1`, or `None` to follow the weight-decay
-            excludes.
+            that skip the trust ratio (`trust = 1`, the MLPerf reference's
+            meaning: such a variable takes `lr * g`, plus `lr * wd * w` if
+            it is decayed), or `None` (the default) or `[]` to adapt every
+            variable. Dangerous at LARS-scale rates: a LARS learning rate is
+            chosen for adapted steps, which the trust ratio scales down by
+            about `eeta * norm(w) / norm(g)`, so it is far above an SGD rate
+            (10 per 256 images against SGD's 0.1 in this project's study,
+            `examples/large_batch_study.py`), and an excluded variable takes
+            it raw. In that study, excluding biases and BatchNormalization
+            parameters from adaptation made the run at 64x the base batch
+            (peak rate 80) diverge; adapting them let it train.
         name: String, the name of the optimizer. Defaults to `"lars"`.
         **kwargs: The other keyword arguments of `keras.optimizers.Optimizer`
             (`clipnorm`, `global_clipnorm`, `use_ema`,
@@ -138,12 +157,14 @@ class LARS(keras.optimizers.Optimizer):
             ),
             "exclude_from_weight_decay",
         )
-        if exclude_from_layer_adaptation is None:
-            self._adapt_patterns = self._wd_patterns
-        else:
-            self._adapt_patterns = _compile_patterns(
-                exclude_from_layer_adaptation, "exclude_from_layer_adaptation"
-            )
+        self._adapt_patterns = _compile_patterns(
+            (
+                []
+                if exclude_from_layer_adaptation is None
+                else exclude_from_layer_adaptation
+            ),
+            "exclude_from_layer_adaptation",
+        )
 
     @staticmethod
     def _matches(variable, patterns):
@@ -183,13 +204,14 @@ class LARS(keras.optimizers.Optimizer):
             w_norm = ops.sqrt(ops.sum(ops.square(variable)))
             g_norm = ops.sqrt(ops.sum(ops.square(g)))
             denominator = g_norm + wd * w_norm + ops.cast(self.epsilon, dtype)
-            both_positive = ops.logical_and(
-                ops.greater(w_norm, 0), ops.greater(g_norm, 0)
+            # trust = 1 where norm(w) == 0 or denominator == 0. Branch-free;
+            # the unselected branch must not produce inf/nan either.
+            adapt = ops.logical_and(
+                ops.greater(w_norm, 0), ops.greater(denominator, 0)
             )
-            # The unselected branch must not produce inf/nan either.
-            safe = ops.where(ops.greater(denominator, 0), denominator, 1)
+            safe = ops.where(adapt, denominator, 1)
             trust = ops.where(
-                both_positive, ops.cast(self.eeta, dtype) * w_norm / safe, 1
+                adapt, ops.cast(self.eeta, dtype) * w_norm / safe, 1
             )
         else:
             trust = ops.cast(1.0, dtype)
