@@ -147,6 +147,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["keras_ddl", "keras_ddl.*"]),
+    py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
     ext_modules=[Extension("keras_ddl.ddl_tf_ops", sources=[])],
     cmdclass={"build_ext": BuildCustomOps},
     # TensorFlow is not listed: the ops must be built against the TensorFlow
@@ -154,6 +155,6 @@ setup(
     # listing one distribution would pull it in beside another.
     install_requires=["keras>=3.0", "mpi4py>=4.0", "numpy"],
     extras_require={"mpich": ["mpich"], "test": ["pytest"], "study": ["matplotlib"]},
-    entry_points={"console_scripts": ["ddlrun = keras_ddl.runner.ddlrun:main"]},
+    entry_points={"console_scripts": ["ddlrun = keras_ddl_launcher:main"]},
     zip_safe=False,
 )

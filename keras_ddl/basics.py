@@ -92,27 +92,9 @@ def init():
             raise (ValueError if code == _INVALID_ARGUMENT else RuntimeError)(
                 f"keras_ddl.init() failed: {message}")
         if not _atexit_registered:
-            _register_with_launcher(lib)
             # Registered after mpi4py's import, so it runs before MPI finalises.
             atexit.register(_at_exit)
             _atexit_registered = True
-
-
-def _register_with_launcher(lib):
-    # ddlrun names a rank that dies by the PID its MPI launcher reports.
-    import json
-    import os
-    import socket
-    registry = os.environ.get("DDL_RANK_REGISTRY")
-    if not registry or not os.path.isdir(registry):
-        return
-    rank = lib.ddl_rank()
-    entry = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
-    try:
-        with open(os.path.join(registry, f"rank-{rank}-{os.getpid()}.json"), "w") as f:
-            json.dump(entry, f)
-    except OSError:
-        pass  # only a nicer message is lost
 
 
 def shutdown():

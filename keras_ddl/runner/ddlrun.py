@@ -3,25 +3,58 @@
     ddlrun -np 4 python train.py --epochs 90
     ddlrun -np 8 -H node1:4,node2:4 --hierarchical python train.py
     ddlrun -np 16 --hostfile hosts.txt --fusion-threshold-mb 32 python train.py
+    ddlrun -np 4 -H node1:2,node2:2 --launcher-exec ./my-ssh --iface eth1 -l python train.py
 
 It builds an ``mpiexec`` command line for the installed MPI (MPICH's hydra
 or Open MPI, found next to this Python first), exports the DDL_* settings to
 every rank, and exits with the launched job's exit code. ``--launcher srun``
 uses Slurm's ``srun`` instead (inside an allocation). ``--dry-run`` prints
 the command without running it.
+
+Across hosts: every host must have the same Python, keras_ddl and script
+paths, and the launcher reaches them with ssh; ``--launcher-exec PATH`` names
+another program to use in ssh's place (called as ``PATH [options] HOST
+COMMAND...``; MPICH ``-launcher ssh -launcher-exec``, Open MPI ``--mca
+plm_rsh_agent``). ``--iface NAME`` is the network interface the other hosts
+reach this one by: the launcher's control connections use it (MPICH
+``-iface``, Open MPI ``oob/btl_tcp_if_include``) and so does ddlrun's own
+socket. ``--mpi-args "..."`` passes further options to the launcher. MPICH
+gives every rank ddlrun's whole environment; with Open MPI, ddlrun exports
+the DDL_, TF_, KERAS_, UCX_, OMP_, NCCL_, CUDA_ and PYTHON* variables, PATH
+and LD_LIBRARY_PATH.
+
+Each rank runs under a small agent (agent.py) that connects back to ddlrun:
+ddlrun prints every rank's output one whole line at a time (``-l``: prefixed
+with ``[rank] ``, as ``mpiexec -l`` does; the launcher's own prefixing splits
+long lines), and when the job fails it names the rank that ended first and
+its host (``rank 3 on node2 ended first (killed by SIGKILL)``), wherever it
+ran. An agent that cannot reach ddlrun runs its rank without it, with a
+warning. ``ddlrun`` (the command) does not import TensorFlow.
 """
 
 import argparse
 import os
 import re
+import shlex
 import shutil
+import signal
+import socket
+import struct
 import subprocess
 import sys
-import tempfile
+import threading
 
+from .agent import TOKEN_VARIABLE
 from .deathwatch import DeathWatch
 
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
+AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+# With these set, mpiexec may place ranks on other hosts without -H.
+ALLOCATION_VARIABLES = ("HYDRA_HOST_FILE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID",
+                        "PE_HOSTFILE")
+# What Open MPI's mpiexec exports to the ranks (it exports nothing by default).
+OPENMPI_EXPORT_PREFIXES = ("DDL_", "TF_", "KERAS_", "UCX_", "OMP_", "NCCL_", "CUDA_", "PYTHON")
+OPENMPI_EXPORT_NAMES = ("PATH", "LD_LIBRARY_PATH", TOKEN_VARIABLE)
 
 
 class UsageError(ValueError):
@@ -31,7 +64,10 @@ class UsageError(ValueError):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="ddlrun", description="Launch a keras_ddl training script on N processes.",
-        epilog="Everything after the options is the command each rank runs.")
+        epilog="Everything after the options is the command each rank runs. Across hosts "
+               "(same Python and paths on each): ddlrun -np 4 -H node1:2,node2:2 "
+               "[--launcher-exec PATH] [--iface NAME] -l python train.py; if the job fails, "
+               "ddlrun names the rank that ended first and its host.")
     p.add_argument("-np", "--num-proc", type=int, required=True, dest="np",
                    help="total number of processes (ranks)")
     hosts = p.add_mutually_exclusive_group()
@@ -52,6 +88,19 @@ def build_parser():
     p.add_argument("--bind-to-core", action="store_true",
                    help="pin each rank to one core (and TF to one intra-op thread)")
     p.add_argument("--launcher", choices=["mpiexec", "srun"], default="mpiexec")
+    p.add_argument("--launcher-exec", metavar="PATH",
+                   help="program to reach other hosts in place of ssh, called as "
+                        "'PATH [options] HOST COMMAND...' (MPICH: -launcher ssh -launcher-exec; "
+                        "Open MPI: --mca plm_rsh_agent)")
+    p.add_argument("--iface", metavar="NAME",
+                   help="network interface by which the other hosts reach this one, for the "
+                        "launcher's control connections and ddlrun's (MPICH: -iface)")
+    p.add_argument("--mpi-args", metavar="ARGS", default="",
+                   help="more options for the launcher, split like a shell does, "
+                        "e.g. --mpi-args=-verbose or --mpi-args \"-bind-to core\"")
+    p.add_argument("-l", "--prefix-output", action="store_true",
+                   help="prefix every output line with [rank] (as mpiexec -l); lines are "
+                        "never split or mixed, with or without it")
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
@@ -115,6 +164,20 @@ def validate(args):
         env["TF_NUM_INTRAOP_THREADS"] = "1"
         env["TF_NUM_INTEROP_THREADS"] = "1"
         env["OMP_NUM_THREADS"] = "1"
+    if args.launcher_exec is not None:
+        if args.launcher != "mpiexec":
+            raise UsageError("--launcher-exec applies to --launcher mpiexec only")
+        found = shutil.which(args.launcher_exec)
+        if found is None:
+            raise UsageError(f"--launcher-exec {args.launcher_exec}: not an executable program")
+        args.launcher_exec = os.path.abspath(found)
+    if args.iface is not None and interface_address(args.iface) is None:
+        raise UsageError(f"--iface {args.iface}: no network interface of that name with an "
+                         "IPv4 address here")
+    try:
+        args.mpi_args = shlex.split(args.mpi_args)
+    except ValueError as e:
+        raise UsageError(f"--mpi-args {args.mpi_args!r}: {e}") from None
     hosts = None
     if args.hosts:
         hosts = parse_hosts(args.hosts.split(","), "-H")
@@ -146,27 +209,80 @@ def mpi_flavour(mpiexec):
     return "openmpi" if "Open MPI" in text or "OpenRTE" in text else "mpich"
 
 
-def build_command(args, env, hosts):
+def build_command(args, env, hosts, agent_address="HOST:PORT"):
+    """The launcher's command line; each rank runs the command under its
+    agent, which connects back to ``agent_address``."""
+    ranks_run = [sys.executable, "-I", AGENT, agent_address, "--"] + args.command
     if args.launcher == "srun":
         cmd = ["srun", "-n", str(args.np)]
         if args.bind_to_core:
             cmd.append("--cpu-bind=cores")
-        return cmd + args.command  # srun exports the caller's environment by default
+        return cmd + args.mpi_args + ranks_run  # srun exports the caller's environment
     mpiexec = find_mpiexec()
     cmd = [mpiexec, "-n", str(args.np)]
     if mpi_flavour(mpiexec) == "openmpi":
-        for key in env:
+        names = set(env) | {k for k in os.environ if k.startswith(OPENMPI_EXPORT_PREFIXES)}
+        names |= {k for k in OPENMPI_EXPORT_NAMES if k in os.environ or k == TOKEN_VARIABLE}
+        for key in sorted(names):
             cmd += ["-x", key]
         if hosts:
             cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
         if args.bind_to_core:
             cmd += ["--bind-to", "core"]
+        if args.launcher_exec:
+            cmd += ["--mca", "plm_rsh_agent", args.launcher_exec]
+        if args.iface:
+            cmd += ["--mca", "oob_tcp_if_include", args.iface,
+                    "--mca", "btl_tcp_if_include", args.iface]
     else:  # MPICH hydra passes the whole environment by default
         if hosts:
             cmd += ["-hosts", ",".join(f"{h}:{s}" for h, s in hosts)]
         if args.bind_to_core:
             cmd += ["-bind-to", "core"]
-    return cmd + args.command
+        if args.launcher_exec:
+            cmd += ["-launcher", "ssh", "-launcher-exec", args.launcher_exec]
+        if args.iface:
+            cmd += ["-iface", args.iface]
+    return cmd + args.mpi_args + ranks_run
+
+
+def interface_address(name):
+    """The IPv4 address of network interface ``name``, or None."""
+    import fcntl
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def is_this_host(host):
+    name = socket.gethostname()
+    return host in ("localhost", "::1", name, name.split(".")[0]) or host.startswith("127.")
+
+
+def control_address(args, hosts):
+    """(address ddlrun listens on, address the agents connect to)."""
+    if args.iface:
+        address = interface_address(args.iface)
+        return address, address
+    remote = [h for h, _ in hosts or [] if not is_this_host(h)]
+    elsewhere = hosts is None and (args.launcher == "srun" or args.mpi_args or any(
+        v in os.environ for v in ALLOCATION_VARIABLES))
+    if not remote and not elsewhere:
+        return "127.0.0.1", "127.0.0.1"
+    if remote:
+        try:  # the source address the kernel would use toward that host (sends nothing)
+            family, _, _, _, target = socket.getaddrinfo(remote[0], 9, type=socket.SOCK_DGRAM)[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(target)
+                address = s.getsockname()[0]
+            return address, address
+        except OSError:
+            pass
+    return "0.0.0.0", socket.gethostname()
 
 
 def main(argv=None):
@@ -176,43 +292,69 @@ def main(argv=None):
         args.command = args.command[1:]
     try:
         env, hosts = validate(args)
-        cmd = build_command(args, env, hosts)
+        if args.dry_run:
+            print(" ".join(f"{k}={v}" for k, v in env.items()),
+                  " ".join(build_command(args, env, hosts)))
+            return 0
+        watch = DeathWatch(*control_address(args, hosts), prefix_output=args.prefix_output)
+        cmd = build_command(args, env, hosts, agent_address=watch.address)
     except UsageError as e:
         parser.error(str(e))
-    if args.dry_run:
-        print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
-        return 0
-    child_env = dict(os.environ)
-    child_env.update(env)
-    return run_and_name_first_death(cmd, child_env, args.np)
+    child_env = dict(os.environ, **env)
+    child_env[TOKEN_VARIABLE] = watch.token
+    return run_and_name_first_death(cmd, child_env, watch)
 
 
-def run_and_name_first_death(cmd, env, ranks):
-    """Runs the launcher; if the job fails, says which rank ended first.
+def launcher_shares_terminal():
+    """True if a Ctrl-C typed here also reaches the launcher (same
+    foreground process group of a terminal)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def run_and_name_first_death(cmd, env, watch):
+    """Runs the launcher while ``watch`` relays the output; if the job
+    fails, says which rank ended first and where.
 
     MPICH's launcher reports a dead rank by a PID (not always the first to
-    die); Slurm and Open MPI name a task but not why the others stopped. The
-    ranks on this host register at init, and a DeathWatch sees the order in
-    which they end."""
-    with tempfile.TemporaryDirectory(prefix="ddlrun_ranks_") as registry:
-        env = dict(env, DDL_RANK_REGISTRY=registry)
-        watch = DeathWatch(registry, ranks).start()
+    die); Slurm and Open MPI name a task but not why the others stopped."""
+    try:
+        launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as e:
+        watch.stop(0)
+        sys.stderr.write(f"ddlrun: cannot start {cmd[0]}: {e}\n")
+        return 127
+    watch.start(launcher.stdout, launcher.stderr)
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        forward = signal.signal(signal.SIGTERM, lambda s, _f: launcher.send_signal(s))
+    try:
         try:
+            code = launcher.wait()
+        except KeyboardInterrupt:
+            if not launcher_shares_terminal():  # else Ctrl-C reached the launcher too
+                launcher.send_signal(signal.SIGINT)
             try:
-                code = subprocess.run(cmd, env=env).returncode
-            except KeyboardInterrupt:
-                code = 130
-        finally:
-            watch.stop()
-        if code != 0 and watch.deaths:
-            when, first = watch.deaths[0]
-            who = (f"rank {first[0]}" if len(first) == 1
-                   else "one of ranks " + ", ".join(map(str, first)))
-            sys.stderr.write(f"ddlrun: the job failed (exit code {code}); {who} on {watch.host} "
-                             f"ended first, {when:.1f} s after launch, and the launcher then "
-                             "stopped the others\n")
-            sys.stderr.flush()
-        return code
+                launcher.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+            code = 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, forward)
+        watch.stop()
+        launcher.stdout.close()
+        launcher.stderr.close()
+    first = watch.first_failure()
+    if code != 0 and first is not None:
+        rank = "a rank of unknown number" if first.rank is None else f"rank {first.rank}"
+        sys.stderr.write(f"ddlrun: the job failed (exit code {code}); {rank} on {first.host} "
+                         f"ended first ({first.how}), {first.seconds:.1f} s after launch, and "
+                         "the launcher then stopped the others\n")
+        sys.stderr.flush()
+    return code
 
 
 if __name__ == "__main__":
