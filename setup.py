@@ -36,6 +36,7 @@ CORE_SOURCES = sorted(
     + glob.glob(os.path.join(OPS_DIR, "transport", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "algorithms", "*.cc")))
 TF_SOURCES = [os.path.join(OPS_DIR, "tf_ops.cc")]
+HEADERS = sorted(glob.glob(os.path.join(OPS_DIR, "**", "*.h"), recursive=True))
 
 
 def _fail(message):
@@ -148,7 +149,10 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["keras_ddl", "keras_ddl.*"]),
     py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
-    ext_modules=[Extension("keras_ddl.ddl_tf_ops", sources=[])],
+    # The sources are compiled by BuildCustomOps; listed as dependencies so
+    # a rebuild (pip install -e ., setup.py build_ext) sees what changed.
+    ext_modules=[Extension("keras_ddl.ddl_tf_ops", sources=[],
+                           depends=CORE_SOURCES + TF_SOURCES + HEADERS)],
     cmdclass={"build_ext": BuildCustomOps},
     # TensorFlow is not listed: the ops must be built against the TensorFlow
     # already installed (tensorflow, tensorflow-cpu or a CUDA build), and

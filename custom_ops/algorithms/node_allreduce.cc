@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../core/reduce_kernels.h"
+#include "pairwise.h"
 #include "ring.h"
 #include "span_walker.h"
 
@@ -68,7 +69,7 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
     }
     clock.Lap(t.reduce_scatter);
     if (across && slice[me] > 0) {
-      RingAllreduce(*cross_, mine, slice[me], dtype, cross_op);
+      OrderedAllreduce(*cross_, mine, slice[me], dtype, cross_op);
       traffic_.cross_node_bytes += slice[me] * elem;
     }
     clock.Lap(t.cross_node);

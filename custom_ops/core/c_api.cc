@@ -19,13 +19,32 @@ int Query(Field field) {
   auto engine = ddl::CurrentEngine();
   return engine ? field(engine->context()) : -1;
 }
+
+// No C++ exception may cross into the C caller: it becomes an error code
+// (-2) and the text of ddl_last_error().
+template <typename Body>
+auto Guarded(Body body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    last_error = std::string("keras_ddl internal error: ") + e.what();
+  } catch (...) {
+    last_error = "keras_ddl internal error: unknown exception";
+  }
+  return static_cast<decltype(body())>(-2);
+}
 }  // namespace
 
 extern "C" {
 
-int ddl_init() { return Report(ddl::Initialize()); }
-void ddl_shutdown() { ddl::Shutdown(); }
-int ddl_is_initialized() { return ddl::CurrentEngine() ? 1 : 0; }
+int ddl_init() { return Guarded([] { return Report(ddl::Initialize()); }); }
+void ddl_shutdown() {
+  Guarded([] {
+    ddl::Shutdown();
+    return 0;
+  });
+}
+int ddl_is_initialized() { return Guarded([] { return ddl::CurrentEngine() ? 1 : 0; }); }
 int ddl_peer_failure_seen() { return ddl::Engine::PeerFailureSeen() ? 1 : 0; }
 const char* ddl_last_error() { return last_error.c_str(); }
 
@@ -43,10 +62,12 @@ int ddl_is_homogeneous() { return Query([](const ddl::Context& c) { return c.hom
 
 // Adds a marker to rank 0's timeline (no-op elsewhere or without one).
 int ddl_timeline_mark(const char* label) {
-  auto engine = ddl::CurrentEngine();
-  if (!engine) return -1;
-  if (engine->context().timeline) engine->context().timeline->Marker(label);
-  return 0;
+  return Guarded([label] {
+    auto engine = ddl::CurrentEngine();
+    if (!engine) return -1;
+    if (engine->context().timeline) engine->context().timeline->Marker(label);
+    return 0;
+  });
 }
 
 // Bytes moved by this rank: [intra-node, cross-node, flat ring, results

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 namespace ddl {
@@ -29,6 +30,49 @@ std::atomic<bool> peer_failure_seen{false};
 }  // namespace
 
 bool Engine::PeerFailureSeen() { return peer_failure_seen.load(); }
+
+// The failure policy of the data path: a collective that fails halfway
+// (no progress within DDL_PEER_TIMEOUT_S, or a transport error) leaves
+// messages posted into buffers that the framework will free and ranks that
+// no longer agree on what comes next. Nothing can be retried safely, so the
+// rank names the peers it was waiting for and ends its process at once; the
+// launcher then ends the job. Negotiation failures, where no data buffer is
+// involved, are diagnosed and reported as errors instead (see RunCycle).
+void Engine::AbortOnDataPathFailure(const std::exception& e) {
+  std::vector<int> peers;
+  if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) peers = timeout->unreachable();
+  if (peers.empty()) {
+    for (const MpiTransport* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
+      for (int p : t->PendingPeers()) {
+        if (std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+      }
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(peers);
+  std::string names;
+  for (int p : peers) names += (names.empty() ? "" : ", ") + std::to_string(p);
+  // The wall-clock time, since this line may reach the launcher late
+  // (over the very link that failed).
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const double unix_seconds = std::chrono::duration<double>(now).count();
+  std::fprintf(stderr,
+               "[keras_ddl] at unix time %.3f: communication failed in a collective: %s. %s"
+               "The link may be down, or the rank died or hangs. keras_ddl ends this process "
+               "now (exit code %d) so that the job ends instead of hanging%s\n",
+               unix_seconds, e.what(),
+               names.empty() ? "" : ("Unreachable: rank(s) [" + names + "]. ").c_str(),
+               kDataPathFailureExitCode, OnRank(ctx_->rank).c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  // The pending works are never finished, so the framework keeps their
+  // buffers alive while posted messages may still write into them. A
+  // moment's grace lets the other ranks, which lost progress at about the
+  // same time, report what they saw before the launcher ends them on
+  // seeing this one exit.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::_Exit(kDataPathFailureExitCode);
+}
 
 std::string Engine::DiagnoseSilentPeers() {
   MpiTransport& world = *ctx_->world;
@@ -328,10 +372,7 @@ bool Engine::RunCycle() {
   try {
     executor_.Run(runnable);
   } catch (const std::exception& e) {
-    Status failed = Status::Aborted(std::string("keras_ddl communication failed: ") + e.what() +
-                                    OnRank(ctx_->rank));
-    for (Work& w : runnable) Finish(w, failed);
-    throw;
+    AbortOnDataPathFailure(e);
   }
   for (const Request& r : agreed) cache_.Insert(r);
   const bool idle = !had_arrivals && runnable.empty() && pending_.empty() && !exchange;

@@ -25,6 +25,9 @@
 
 namespace ddl {
 
+// Exit code of a process that keras_ddl ended after a failed collective.
+constexpr int kDataPathFailureExitCode = 70;
+
 class Engine {
  public:
   explicit Engine(std::unique_ptr<Context> ctx);
@@ -64,6 +67,8 @@ class Engine {
   // collects probes from the live ranks and tells them) and returns the
   // message every live rank reports.
   std::string DiagnoseSilentPeers();
+  // Prints what failed and whom it waited for, then ends the process.
+  [[noreturn]] void AbortOnDataPathFailure(const std::exception& e);
   // "rank(s) [..]" that asked for shutdown this cycle (a collective step).
   std::string RanksShuttingDown();
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <utility>
 
+#include "../algorithms/pairwise.h"
 #include "../algorithms/ring.h"
 
 namespace ddl {
@@ -172,8 +173,8 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
     t = Clock::now();
     const int64_t count = static_cast<int64_t>(total / DataTypeSize(dtype));
     const std::vector<int64_t> segments = EvenSegments(count, ctx_.size);
-    if (ctx_.size > 1 && count > 0) RingReduceScatter(*ctx_.world, buffer, segments, dtype, op);
-    phases.emplace_back("RING_REDUCE_SCATTER", seconds_since(t));
+    if (ctx_.size > 1 && count > 0) PairwiseReduceScatter(*ctx_.world, buffer, segments, dtype, op);
+    phases.emplace_back("PAIRWISE_REDUCE_SCATTER", seconds_since(t));
     t = Clock::now();
     if (ctx_.size > 1 && count > 0) RingAllgather(*ctx_.world, buffer, segments, dtype);
     phases.emplace_back("RING_ALLGATHER", seconds_since(t));
@@ -217,15 +218,25 @@ Status Executor::Allgather(Work& w) {
   std::vector<int64_t> out_shape = shape;
   out_shape[0] = 0;
   std::vector<size_t> bytes(firsts.size());
+  size_t total = 0;
   for (size_t r = 0; r < firsts.size(); ++r) {
     out_shape[0] += firsts[r];
     bytes[r] = firsts[r] * row_elems * DataTypeSize(w.dtype);
+    total += bytes[r];
   }
+  // Without an output this rank still takes part (into scratch): the
+  // others are already in the collective, and skipping it would pair
+  // their next collective with something else.
   void* out = nullptr;
+  std::vector<char> scratch;
   Status s = w.allocate(out_shape, &out);
-  if (!s.ok()) return s;
+  if (!s.ok() || (out == nullptr && total > 0)) {
+    scratch.resize(std::max<size_t>(total, 1));
+    out = scratch.data();
+    if (s.ok()) s = Status::Internal("no output for allgather '" + w.name + "'");
+  }
   ctx_.world->AllgatherV(w.input, Bytes(w), out, bytes);
-  return Status::Ok();
+  return s;
 }
 
 Status Executor::Broadcast(Work& w) {
@@ -241,20 +252,24 @@ Status Executor::Reducescatter(Work& w) {
   std::vector<int64_t> row_counts = EvenSegments(rows, n);
   std::vector<int64_t> out_shape = w.shape;
   out_shape[0] = row_counts[ctx_.rank];
-  void* out = nullptr;
-  Status s = w.allocate(out_shape, &out);
-  if (!s.ok()) return s;
   std::vector<int64_t> counts(n);
   int64_t my_offset = 0;
   for (int r = 0; r < n; ++r) {
     counts[r] = row_counts[r] * row_elems;
     if (r < ctx_.rank) my_offset += counts[r];
   }
-  // The ring reduces in place, so it works on a copy of the input.
+  const size_t elem = DataTypeSize(w.dtype);
+  // As in Allgather: a rank without an output still takes part.
+  void* out = nullptr;
+  Status s = w.allocate(out_shape, &out);
+  // The exchange reduces in place, so it works on a copy of the input.
   std::vector<char> work(Bytes(w));
   CopyUnlessSame(work.data(), w.input, work.size());
-  RingReduceScatter(*ctx_.world, work.data(), counts, w.dtype, w.op);
-  const size_t elem = DataTypeSize(w.dtype);
+  PairwiseReduceScatter(*ctx_.world, work.data(), counts, w.dtype, w.op);
+  if (!s.ok()) return s;
+  if (out == nullptr && counts[ctx_.rank] > 0) {
+    return Status::Internal("no output for reducescatter '" + w.name + "'");
+  }
   CopyUnlessSame(out, work.data() + my_offset * elem, counts[ctx_.rank] * elem);
   return Status::Ok();
 }

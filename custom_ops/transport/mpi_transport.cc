@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <thread>
@@ -81,14 +82,30 @@ Transport::Handle MpiTransport::Irecv(void* data, size_t bytes, int peer, int ta
 
 void MpiTransport::Wait(Handle handle) {
   WaitRequest(&requests_[handle], "a message with rank " + std::to_string(world_ranks_[peers_[handle]]));
+  peers_[handle] = -1;
   free_handles_.push_back(handle);
 }
 
 bool MpiTransport::Test(Handle handle) {
   int done = 0;
   Check(MPI_Test(&requests_[handle], &done, MPI_STATUS_IGNORE), "MPI_Test");
-  if (done) free_handles_.push_back(handle);
+  if (done) {
+    last_progress_ = std::chrono::steady_clock::now();
+    peers_[handle] = -1;
+    free_handles_.push_back(handle);
+  }
   return done != 0;
+}
+
+std::vector<int> MpiTransport::PendingPeers() const {
+  std::vector<int> peers;
+  for (int p : peers_) {
+    if (p >= 0 && std::find(peers.begin(), peers.end(), world_ranks_[p]) == peers.end()) {
+      peers.push_back(world_ranks_[p]);
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  return peers;
 }
 
 void MpiTransport::WaitRequest(MPI_Request* request, const std::string& what, bool idle) {
@@ -102,14 +119,22 @@ void MpiTransport::WaitRequest(MPI_Request* request, const std::string& what, bo
   // MPI_Test calls to progress the collective it is waiting on.
   auto sleep_for = std::chrono::microseconds(20);
   const auto kMaxSleep = std::chrono::microseconds(idle ? 200 : 1000);
-  const auto start = std::chrono::steady_clock::now();
+  // The peer timeout runs from the last completed message of this
+  // transport, or from now if it has been quiet longer than that (nothing
+  // was in flight, so the silence meant nothing).
+  const auto timeout = std::chrono::duration<double>(peer_timeout_s_);
+  if (std::chrono::steady_clock::now() - last_progress_ > timeout / 2) {
+    last_progress_ = std::chrono::steady_clock::now();
+  }
   for (int polls = 0;; ++polls) {
     int done = 0;
     Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what.c_str());
-    if (done) return;
+    if (done) {
+      last_progress_ = std::chrono::steady_clock::now();
+      return;
+    }
     if (peer_timeout_s_ > 0 && (polls & 63) == 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-            peer_timeout_s_) {
+        std::chrono::steady_clock::now() - last_progress_ > timeout) {
       throw PeerTimeout("no progress for " + std::to_string(static_cast<int>(peer_timeout_s_)) +
                         " s waiting for " + what);
     }
@@ -121,6 +146,11 @@ void MpiTransport::WaitRequest(MPI_Request* request, const std::string& what, bo
     std::this_thread::sleep_for(sleep_for);
     if (sleep_for < kMaxSleep) sleep_for *= 2;
   }
+}
+
+void MpiTransport::WaitOldest(std::vector<MPI_Request>* requests, const std::string& what) {
+  WaitRequest(&requests->front(), what);
+  requests->erase(requests->begin());
 }
 
 void MpiTransport::AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) {
@@ -176,32 +206,50 @@ std::vector<int64_t> MpiTransport::AllgatherInt64(int64_t mine) {
 }
 
 void MpiTransport::Broadcast(void* data, size_t bytes, int root) {
-  // Chunked so a buffer above the int count limit still goes through.
+  // A pipeline of pieces, a few in flight: nonblocking collectives on one
+  // communicator complete in order, and each completion is progress.
   char* p = static_cast<char*>(data);
-  for (size_t offset = 0; offset < bytes || offset == 0; offset += kMaxMessageBytes) {
-    size_t n = std::min(kMaxMessageBytes, bytes - offset);
-    MPI_Request request;
-    Check(MPI_Ibcast(p + offset, static_cast<int>(n), MPI_BYTE, root, comm_, &request),
+  std::vector<MPI_Request> window;
+  for (size_t offset = 0; offset < bytes; offset += kMaxMessageBytes) {
+    if (window.size() == kPiecesInFlight) WaitOldest(&window, "broadcast");
+    const size_t n = std::min(kMaxMessageBytes, bytes - offset);
+    window.emplace_back();
+    Check(MPI_Ibcast(p + offset, static_cast<int>(n), MPI_BYTE, root, comm_, &window.back()),
           "MPI_Ibcast");
-    WaitRequest(&request, "broadcast");
-    if (bytes == 0) break;
   }
+  while (!window.empty()) WaitOldest(&window, "broadcast");
 }
 
 void MpiTransport::AllgatherV(const void* mine, size_t my_bytes, void* out,
                               const std::vector<size_t>& bytes_per_rank) {
-  std::vector<int> counts(size_), displs(size_);
-  size_t offset = 0;
-  for (int r = 0; r < size_; ++r) {
-    counts[r] = CheckedCount(bytes_per_rank[r], "allgather");
-    displs[r] = CheckedCount(offset, "allgather");
-    offset += bytes_per_rank[r];
+  // Round k gathers bytes [k*P, (k+1)*P) of every rank's part (P the piece
+  // size) into its place in `out`; a part shorter than that sends nothing.
+  size_t longest = 0;
+  for (size_t b : bytes_per_rank) longest = std::max(longest, b);
+  const size_t rounds = (longest + kMaxMessageBytes - 1) / kMaxMessageBytes;
+  std::vector<size_t> start(size_, 0);
+  for (int r = 1; r < size_; ++r) start[r] = start[r - 1] + bytes_per_rank[r - 1];
+  CheckedCount(start.back() + bytes_per_rank.back(), "allgather");
+  // Counts and displacements must live until their round completes.
+  std::vector<std::vector<int>> counts(rounds, std::vector<int>(size_)),
+      displs(rounds, std::vector<int>(size_));
+  std::vector<MPI_Request> window;
+  char* base = static_cast<char*>(out);
+  for (size_t k = 0; k < rounds; ++k) {
+    if (window.size() == kPiecesInFlight) WaitOldest(&window, "allgather");
+    const size_t from = k * kMaxMessageBytes;
+    for (int r = 0; r < size_; ++r) {
+      const size_t b = bytes_per_rank[r];
+      counts[k][r] = static_cast<int>(b > from ? std::min(kMaxMessageBytes, b - from) : 0);
+      displs[k][r] = static_cast<int>(start[r] + std::min(from, b));
+    }
+    window.emplace_back();
+    Check(MPI_Iallgatherv(static_cast<const char*>(mine) + std::min(from, my_bytes),
+                          counts[k][rank_], MPI_BYTE, base, counts[k].data(), displs[k].data(),
+                          MPI_BYTE, comm_, &window.back()),
+          "MPI_Iallgatherv");
   }
-  MPI_Request request;
-  Check(MPI_Iallgatherv(mine, CheckedCount(my_bytes, "allgather"), MPI_BYTE, out, counts.data(),
-                        displs.data(), MPI_BYTE, comm_, &request),
-        "MPI_Iallgatherv");
-  WaitRequest(&request, "allgather");
+  while (!window.empty()) WaitOldest(&window, "allgather");
 }
 
 }  // namespace ddl

@@ -50,6 +50,40 @@ void ShmArena::Publish(Counter counter, uint64_t value) {
   CounterOf(rank_, counter)->store(value, std::memory_order_release);
 }
 
+void ShmArena::PostFailureNote(const std::vector<int>& unreachable) {
+  // Four 16-bit fields of world rank + 1 (0 = empty).
+  uint64_t note = 0;
+  for (size_t i = 0; i < unreachable.size() && i < 4; ++i) {
+    note |= static_cast<uint64_t>((unreachable[i] + 1) & 0xffff) << (16 * i);
+  }
+  CounterOf(rank_, kFailureNote)->store(note, std::memory_order_release);
+}
+
+void ShmArena::ThrowTimeout(int r) const {
+  const std::string silence = "no progress for " +
+                              std::to_string(static_cast<int>(peer_timeout_s_)) + " s waiting for rank " +
+                              std::to_string(world_ranks_[r]) + " in node shared memory";
+  // Ranks of a node lose contact with a cut link at about the same time;
+  // one that timed out on shared memory waits a little for the note of the
+  // rank it waited on, which names the ranks really out of reach.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < until) {
+    const uint64_t note = CounterOf(r, kFailureNote)->load(std::memory_order_acquire);
+    if (note != 0) {
+      std::vector<int> lost;
+      for (int i = 0; i < 4; ++i) {
+        const int field = static_cast<int>((note >> (16 * i)) & 0xffff);
+        if (field != 0) lost.push_back(field - 1);
+      }
+      std::string names;
+      for (int p : lost) names += (names.empty() ? "" : ", ") + std::to_string(p);
+      throw PeerTimeout(silence + ", which lost contact with rank(s) [" + names + "]", lost);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  throw PeerTimeout(silence, {world_ranks_[r]});
+}
+
 void ShmArena::WaitForAll(Counter counter, uint64_t value) {
   for (int r = 0; r < size_; ++r) {
     std::atomic<uint64_t>* c = CounterOf(r, counter);
@@ -59,9 +93,7 @@ void ShmArena::WaitForAll(Counter counter, uint64_t value) {
       if (peer_timeout_s_ > 0 && (polls & 255) == 0 &&
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
               peer_timeout_s_) {
-        throw PeerTimeout("no progress for " + std::to_string(static_cast<int>(peer_timeout_s_)) +
-                          " s waiting for rank " + std::to_string(world_ranks_[r]) +
-                          " in node shared memory");
+        ThrowTimeout(r);
       }
       // Peers on other cores usually arrive within microseconds: spin a
       // little; if they do not, they may need this core: yield, then sleep.

@@ -26,6 +26,7 @@ class ShmArena {
     kReduced,
     kConsumed,
     kAnnounced,
+    kFailureNote,  // world ranks this rank lost contact with (see PostFailureNote)
     kNumCounters
   };
 
@@ -52,11 +53,18 @@ class ShmArena {
   // it, read the others' after the WaitForAll that follows.
   void Post(uint64_t word);
   uint64_t MailboxOf(int rank) const;
-  // Returns once every rank's `counter` is >= value.
+  // Returns once every rank's `counter` is >= value. On a timeout it
+  // first gives the awaited rank a moment to post a failure note: a rank
+  // of this node stuck on a cut link is not itself the one unreachable.
   void WaitForAll(Counter counter, uint64_t value);
+
+  // Tells the node's other ranks which world ranks this one lost contact
+  // with (the first four), before it ends its process.
+  void PostFailureNote(const std::vector<int>& unreachable);
 
  private:
   ShmArena() = default;
+  [[noreturn]] void ThrowTimeout(int rank) const;
   // Each rank's counters, one per cache line, then its mailbox line.
   std::atomic<uint64_t>* CounterOf(int rank, int counter) const;
 

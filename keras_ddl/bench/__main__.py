@@ -17,6 +17,18 @@ def parse(argv):
     ar.add_argument("--json", help="also write the results to this JSON file")
     ar.add_argument("--plot", help="rank 0 writes a PNG of busbw vs size, ours and the "
                                    "baseline (needs matplotlib)")
+    ar.add_argument("--with-fp16", action="store_true",
+                    help="also time each size with Compression.fp16 (fp16_us column)")
+    ar.add_argument("--cluster", metavar="KxR",
+                    help="run on a cluster of K network namespaces with R ranks each (root; "
+                         "do not start under mpiexec): every algorithm, fp16, MPICH and the "
+                         "link bound in one table")
+    ar.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
+    ar.add_argument("--algorithms", help="with --cluster: comma-separated subset of "
+                                         "auto,hierarchical,flat (default all; the first also "
+                                         "runs fp16)")
+    ar.add_argument("--rounds", type=int, default=1,
+                    help="with --cluster: launches per algorithm (alternating); medians")
     mw = sub.add_parser("mwms", help="TensorFlow MultiWorkerMirroredStrategy all_reduce vs "
                                      "ours, same sizes and the ResNet-50 gradient list")
     mw.add_argument("--sizes", help="comma-separated byte counts (default 4 KB ... 64 MB)")
@@ -92,6 +104,11 @@ def main(argv=None):
     elif args.command == "mwms":
         from . import mwms
         mwms.main(args)
+    elif args.command == "allreduce" and args.cluster:
+        from . import allreduce, cluster
+        sizes = ([int(v) for v in args.sizes.split(",")] if args.sizes
+                 else allreduce.DEFAULT_SIZES)
+        cluster.run(args, sizes, allreduce.human_bytes)
     elif args.command == "allreduce":
         from . import allreduce
         allreduce.main(args)

@@ -31,7 +31,7 @@ def _expected(count, size):
     return base.astype(np.float32)
 
 
-def sweep(sizes, reps):
+def sweep(sizes, reps, with_fp16=False):
     import tensorflow as tf
 
     import keras_ddl as ddl
@@ -50,20 +50,32 @@ def sweep(sizes, reps):
         def baseline():
             COMM.Allreduce(x_np, recv, op=MPI.SUM)
 
+        def ours_fp16():
+            result["fp16"] = ddl.allreduce(x_tf, op=ddl.Sum, name=f"bench.fp16.{nbytes}",
+                                           compression=ddl.Compression.fp16)
+
         reps_here = reps if nbytes < (64 << 20) else max(3, reps // 2)
-        t_ours, t_base = [], []
+        t_ours, t_base, t_fp16 = [], [], []
         for _ in range(reps_here):  # interleaved so both see the same machine state
             t_ours.append(timed(ours, 1, warmup=1))
             t_base.append(timed(baseline, 1, warmup=1))
+            if with_fp16:
+                t_fp16.append(timed(ours_fp16, 1, warmup=1))
         t = float(np.median(t_ours))
         tb = float(np.median(t_base))
         wrong = int(np.count_nonzero(result["out"].numpy() != _expected(count, n)))
         wrong = COMM.allreduce(wrong, op=MPI.SUM)
         algbw = nbytes / t / 1e9
-        rows.append({"size": human_bytes(nbytes), "count": count, "type": "float32",
-                     "redop": "sum", "time_us": t * 1e6, "algbw_GBps": algbw,
-                     "busbw_GBps": algbw * 2 * (n - 1) / n, "baseline_us": tb * 1e6,
-                     "speedup": tb / t, "wrong": wrong})
+        row = {"size": human_bytes(nbytes), "count": count, "type": "float32",
+               "redop": "sum", "time_us": t * 1e6, "algbw_GBps": algbw,
+               "busbw_GBps": algbw * 2 * (n - 1) / n, "baseline_us": tb * 1e6,
+               "speedup": tb / t, "wrong": wrong}
+        if with_fp16:
+            # The inputs are small integers: exact in fp16 and in its sums.
+            row["fp16_us"] = float(np.median(t_fp16)) * 1e6
+            bad = int(np.count_nonzero(result["fp16"].numpy() != _expected(count, n)))
+            row["wrong"] += COMM.allreduce(bad, op=MPI.SUM)
+        rows.append(row)
     return rows
 
 
@@ -155,9 +167,11 @@ def main(args):
     ddl.init()
     n = COMM.Get_size()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
-    rows = sweep(sizes, args.reps)
+    with_fp16 = getattr(args, "with_fp16", False)
+    rows = sweep(sizes, args.reps, with_fp16)
     print_table(f"allreduce: keras_ddl op vs mpi4py comm.Allreduce, {n} ranks, "
-                f"median of {args.reps} interleaved repetitions", COLUMNS, rows)
+                f"median of {args.reps} interleaved repetitions", COLUMNS +
+                (["fp16_us"] if with_fp16 else []), rows)
     payload = {"ranks": n, "allreduce": rows}
     if not args.skip_resnet:
         grad_rows = gradient_list(max(3, args.reps // 2) if args.reps > 1 else 1,

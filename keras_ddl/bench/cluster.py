@@ -1,0 +1,157 @@
+"""Allreduce across a network: the benchmark builds a cluster of network
+namespaces (keras_ddl.cluster: K nodes, links capped at a rate), launches
+``python -m keras_ddl.bench allreduce`` on it once per algorithm
+(DDL_ALLREDUCE=auto / hierarchical / flat), and prints one table: per size,
+each algorithm's time, fp16 compression (with the automatic choice), MPICH's
+``MPI_Allreduce`` over the same links (measured interleaved in every launch;
+each ratio uses its own launch's baseline), and the link bound.
+
+The link bound is what the links allow: each node must send (and receive)
+2(K-1)/K of the buffer, so no allreduce of S bytes over K nodes finishes
+before 2(K-1)/K x S / rate.
+
+Run as root, without mpiexec (the benchmark launches it):
+
+    python -m keras_ddl.bench allreduce --cluster 2x2 --rate 1gbit --reps 5
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from ..cluster import MPI_ENV, NetnsCluster, parse_rate
+
+ALGORITHMS = ("auto", "hierarchical", "flat")
+
+
+def parse_shape(text):
+    try:
+        nodes, per_node = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--cluster {text!r}: expected NODESxRANKS, e.g. 2x2") from None
+    if nodes < 2 or per_node < 1:
+        raise SystemExit(f"--cluster {text!r}: at least 2 nodes and 1 rank per node")
+    return nodes, per_node
+
+
+def link_bound_s(nbytes, nodes, rate_bps):
+    return 2 * (nodes - 1) / nodes * nbytes / (rate_bps / 8)
+
+
+def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path):
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        mpiexec = "mpiexec"
+    argv = [mpiexec, *cluster.mpiexec_args(per_node), "-n", str(cluster.nodes * per_node),
+            sys.executable, "-m", "keras_ddl.bench", "allreduce", "--sizes",
+            ",".join(map(str, sizes)), "--reps", str(args.reps), "--skip-resnet",
+            "--json", json_path]
+    if fp16:
+        argv.append("--with-fp16")
+    env = dict(os.environ, **MPI_ENV, DDL_ALLREDUCE=algorithm, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {algorithm} launch failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    with open(json_path) as f:
+        return json.load(f)["allreduce"]
+
+
+def run(args, sizes, human_bytes):
+    nodes, per_node = parse_shape(args.cluster)
+    rate_bps = parse_rate(args.rate)
+    algorithms = [a for a in (args.algorithms or ",".join(ALGORITHMS)).split(",") if a]
+    for a in algorithms:
+        if a not in ALGORITHMS:
+            raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
+    runs = {}
+    with NetnsCluster(nodes, args.rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(args.rounds):
+            for a in algorithms:
+                rows = _launch(cluster, per_node, a, args, sizes, fp16=(a == algorithms[0]),
+                               json_path=os.path.join(tmp, f"{a}.{rnd}.json"))
+                runs.setdefault(a, []).append(rows)
+    table = []
+    for i, nbytes in enumerate(sizes):
+        bound = link_bound_s(nbytes, nodes, rate_bps)
+        row = {"size": human_bytes(nbytes), "bound_us": bound * 1e6}
+        wrong = 0
+        first = algorithms[0]
+        for a in algorithms:
+            times = [r[i]["time_us"] for r in runs[a]]
+            base = [r[i]["baseline_us"] for r in runs[a]]
+            row[f"{a}_us"] = statistics.median(times)
+            row[f"{a}/mpi"] = statistics.median(b / t for b, t in zip(base, times))
+            wrong += sum(r[i]["wrong"] for r in runs[a])
+        row["mpi_us"] = statistics.median(r[i]["baseline_us"] for r in runs[first])
+        fp16 = [r[i]["fp16_us"] for r in runs[first]]
+        row["fp16_us"] = statistics.median(fp16)
+        row["fp16_speedup"] = statistics.median(
+            r[i]["time_us"] / r[i]["fp16_us"] for r in runs[first])
+        row[f"{first}_of_bound"] = bound * 1e6 / row[f"{first}_us"]
+        others = [row[f"{a}_us"] for a in algorithms if a != first]
+        if others:
+            row[f"best/{first}"] = min(others) / row[f"{first}_us"]
+        row["wrong"] = wrong
+        table.append(row)
+    columns = ["size", "bound_us", "mpi_us"] + [f"{a}_us" for a in algorithms] + \
+              [f"{a}/mpi" for a in algorithms] + [f"{algorithms[0]}_of_bound"] + \
+              ([f"best/{algorithms[0]}"] if len(algorithms) > 1 else []) + \
+              ["fp16_us", "fp16_speedup", "wrong"]
+    title = (f"allreduce across {nodes} nodes x {per_node} rank(s), links {args.rate} each way "
+             f"(network namespaces, MPI over TCP), float32 sum; median over {args.rounds} "
+             f"launch(es) of the median of {args.reps} interleaved repetitions; X/mpi = MPICH "
+             f"time / X time in the same launch; fp16 = {algorithms[0]} with "
+             f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
+    _print(title, columns, table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
+                       "rows": table, "raw": runs}, f, indent=2)
+    if args.plot:
+        _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)
+
+
+def _print(title, columns, rows):
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+    widths = {c: max(len(c), *(len(fmt(r.get(c, "-"))) for r in rows)) for c in columns}
+    print(f"# {title}")
+    print("  ".join(c.rjust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(fmt(r.get(c, "-")).rjust(widths[c]) for c in columns), flush=True)
+
+
+def _plot(path, table, sizes, algorithms, nodes, per_node, rate, human_bytes):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("# matplotlib is not installed: no plot written")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for a in algorithms:
+        ax.plot(sizes, [r["bound_us"] / r[f"{a}_us"] for r in table], marker="o",
+                label=f"keras_ddl {a}")
+    ax.plot(sizes, [r["bound_us"] / r["fp16_us"] for r in table], marker="^",
+            label=f"keras_ddl {algorithms[0]} + fp16")
+    ax.plot(sizes, [r["bound_us"] / r["mpi_us"] for r in table], marker="s", label="MPICH")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes, [human_bytes(b) for b in sizes], rotation=45)
+    ax.set_xlabel("message size (float32)")
+    ax.set_ylabel("link bound / time (1 = the links' limit)")
+    ax.set_title(f"allreduce, {nodes} nodes x {per_node}, {rate} links")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"# plot written to {path}")

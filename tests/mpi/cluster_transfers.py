@@ -1,0 +1,51 @@
+"""Transfers for tests/test_cluster_mpi.py on the namespace cluster
+(argv[1] picks one):
+
+broadcast_256mb    rank 0 broadcasts 256 MB (run over a 100 Mbit/s link
+                   with the default peer timeout: must complete)
+allreduce_forever  64 MB allreduces until the job is ended (the test cuts a
+                   link meanwhile)
+job_identity N     allreduces through node shared memory, checking that
+                   the sums are this job's (two jobs run at once)
+"""
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import keras_ddl as ddl
+
+mode = sys.argv[1]
+ddl.init()
+rank, size = ddl.rank(), ddl.size()
+
+
+def say(text):
+    sys.stdout.write(f"RESULT {text}\n")
+    sys.stdout.flush()
+
+
+if mode == "broadcast_256mb":
+    assert "DDL_PEER_TIMEOUT_S" not in os.environ, "the test is about the default timeout"
+    count = 64 * 2**20  # float32: 256 MB
+    x = tf.fill([count], 7.0) if rank == 0 else tf.zeros([count])
+    y = ddl.broadcast(x, root_rank=0, name="big.broadcast").numpy()
+    assert y.shape == (count,) and (y == 7.0).all(), y[:4]
+    say("broadcast_256mb ok")
+elif mode == "allreduce_forever":
+    x = tf.ones([16 * 2**20])
+    for step in range(10**9):
+        ddl.allreduce(x, op=ddl.Sum, name=f"stream.{step % 2}")
+        if step == 0:
+            sys.stdout.write(f"STEPPING rank {rank}\n")
+            sys.stdout.flush()
+elif mode == "job_identity":
+    job = int(sys.argv[2])
+    for step in range(40):
+        got = ddl.allreduce(tf.fill([300007], float(job)), op=ddl.Sum,
+                            name=f"job.{step % 3}").numpy()
+        assert (got == job * size).all(), (job, got[:4])
+    say(f"job_identity {job} ok")
+ddl.shutdown()

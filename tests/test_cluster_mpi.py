@@ -1,0 +1,193 @@
+"""The collectives across a real (simulated) network: ranks in network
+namespaces joined by rate-capped links (keras_ddl.cluster), MPI over TCP.
+
+Every launch also checks that what keras_ddl says crossed nodes really went
+over the links: the bytes the bridge counted on each node's link are at
+least what the ranks' traffic counters imply. Skipped (with the reason) only
+where namespaces cannot be made: not root, or no ip / tc.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import (MPI_DIR, TESTS_DIR, case_names, launch_env, mpiexec_path, netns_cluster,
+                      run_on_cluster, shared_cluster_launch)
+
+SCRIPT = "collectives.py"
+EVERY_CASE = [c for c in case_names(SCRIPT)
+              if c not in ("pool_full_falls_back_and_recovers", "results_outlive_shutdown")]
+ALLREDUCE_CASES = [
+    "topology_and_algorithm_follow_the_environment", "allreduce_every_dtype_op_and_length",
+    "allreduce_scalars_empty_and_shapes", "allreduce_is_bitwise_identical_on_every_rank",
+    "sum_order_is_fixed_whatever_the_fusion", "grouped_allreduce_200_tensors_mixed",
+    "out_of_order_submission_in_tf_function", "mismatched_shape_dtype_op_error_on_every_rank",
+    "compression_fp16_and_bf16", "report_traffic"]
+
+# name: (nodes, ranks per node, environment, cases). Every collective with
+# the automatic choice at 2 nodes x 2 ranks (hierarchical) and 3 x 1 (flat);
+# the allreduce contract again with each algorithm forced.
+LAUNCHES = {
+    "2x2-auto": (2, 2, {}, EVERY_CASE),
+    "3x1-auto": (3, 1, {}, EVERY_CASE),
+    "2x2-flat": (2, 2, {"DDL_ALLREDUCE": "flat"}, ALLREDUCE_CASES),
+    "2x2-hierarchical": (2, 2, {"DDL_ALLREDUCE": "hierarchical"}, ALLREDUCE_CASES),
+    "3x1-hierarchical": (3, 1, {"DDL_ALLREDUCE": "hierarchical"}, ALLREDUCE_CASES),
+}
+
+
+def launch(name):
+    nodes, per_node, env, cases = LAUNCHES[name]
+    # DDL_LOCAL_SIZE is not set: the nodes are found by MPI_COMM_TYPE_SHARED.
+    env = dict(env, DDL_EXPECT_LOCAL_SIZE=str(per_node))
+    return shared_cluster_launch(nodes, per_node, SCRIPT, env=env, cases=cases)
+
+
+@pytest.mark.parametrize("launch_name, case",
+                         [(n, c) for n, (_, _, _, cases) in LAUNCHES.items() for c in cases])
+def test_collectives_across_nodes(launch_name, case):
+    launch(launch_name).check(case)
+
+
+def traffic_records(run):
+    return [json.loads(m.group(1)) for m in re.finditer(r"^DDLTRAFFIC (.*)$", run.proc.stdout,
+                                                        re.MULTILINE)]
+
+
+@pytest.mark.parametrize("launch_name", list(LAUNCHES))
+def test_cross_node_bytes_went_over_the_links(launch_name):
+    run = launch(launch_name)
+    run.check_clean_exit()
+    nodes, per_node, _, _ = LAUNCHES[launch_name]
+    records = traffic_records(run)
+    assert len(records) == nodes * per_node, run.proc.stdout[-2000:]
+    hosts = {r["host"] for r in records}
+    assert hosts == {f"node{i + 1}" for i in range(nodes)}, hosts
+    sent = [s for s, _ in run.link_bytes]
+    received = [r for _, r in run.link_bytes]
+    for i in range(nodes):
+        mine = [r for r in records if r["host"] == f"node{i + 1}"]
+        assert len(mine) == per_node and all(r["local_size"] == per_node for r in mine), mine
+        algorithm = mine[0]["algorithm"]
+        if algorithm == "hierarchical":
+            # Each local rank allreduces its slice with the other nodes:
+            # it sends (K-1)/K of it in the reduce-scatter and as much again
+            # in the all-gather.
+            payload = sum(r["cross_node_bytes"] for r in mine) * 2 * (nodes - 1) / nodes
+        else:
+            # Flat: every rank sends (n-1)/n of each buffer in each half;
+            # with one rank per node all of it leaves the node, with two at
+            # least the reduce-scatter's share for the other node's ranks.
+            n = nodes * per_node
+            share = 2 * (n - 1) / n if per_node == 1 else 0.5
+            payload = sum(r["flat_bytes"] for r in mine) * share
+        assert payload > 1e6, (launch_name, mine)
+        assert sent[i] >= payload and received[i] >= payload * 0.9, (
+            f"node{i + 1}: the link carried {sent[i]} bytes out and {received[i]} in, but the "
+            f"ranks' counters imply at least {payload:.0f}: the traffic did not cross the link")
+
+
+# --- a slow link is not a dead rank ---------------------------------------
+
+SLOW_SCRIPT = os.path.join(MPI_DIR, "cluster_transfers.py")
+
+
+def test_256mb_broadcast_over_a_100mbit_link_completes():
+    # About 21 s of transfer each way, with the default DDL_PEER_TIMEOUT_S
+    # (15 s): progress is measured in pieces delivered, not elapsed time.
+    cluster = netns_cluster(2, "100mbit")
+    try:
+        start = time.time()
+        proc, moved = run_on_cluster(cluster, 1, SLOW_SCRIPT, args=["broadcast_256mb"],
+                                     timeout=240)
+        elapsed = time.time() - start
+    finally:
+        cluster.set_rate("1gbit")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "RESULT broadcast_256mb ok" in proc.stdout, proc.stdout[-3000:]
+    # Node 1 (rank 0, the root) sent the 256 MB over its link.
+    assert moved[0][0] >= 256 * 2**20, moved
+    assert elapsed > 20, f"256 MB at 100 Mbit/s took only {elapsed:.1f} s: was the link shaped?"
+
+
+# --- a cut link is an error, never a hang --------------------------------
+
+def test_cut_link_fails_every_rank_naming_the_unreachable_ones():
+    cluster = netns_cluster(2, "1gbit")
+    timeout_s = 5
+    nprocs = 4
+    argv = [mpiexec_path(), *cluster.mpiexec_args(2), "-n", str(nprocs), sys.executable,
+            SLOW_SCRIPT, "allreduce_forever"]
+    from keras_ddl.cluster import MPI_ENV
+    env = launch_env(dict(MPI_ENV, DDL_PEER_TIMEOUT_S=str(timeout_s)))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=TESTS_DIR)
+    out, err = [], []
+    # readline, not iteration: lines must arrive as the ranks write them.
+    readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(s.readline, "")),
+                                daemon=True)
+               for s, b in ((proc.stdout, out), (proc.stderr, err))]
+    for r in readers:
+        r.start()
+    cut_at = None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and sum("STEPPING" in line for line in out) < nprocs:
+            time.sleep(0.2)
+        assert sum("STEPPING" in line for line in out) == nprocs, "".join(out + err)[-3000:]
+        time.sleep(1)  # well inside the stream of 64 MB allreduces
+        cluster.set_link(1, False)
+        cut_at = time.time()
+        # Node 1's ranks report through a working link; node 2's lines reach
+        # the launcher only once the link is back, so each report carries
+        # the time it was made.
+        while time.time() < cut_at + timeout_s + 20:
+            if len(set(re.findall(r"Unreachable: .*?\(rank ([01])\)", "".join(err)))) == 2:
+                break
+            time.sleep(0.2)
+        time.sleep(5)
+    finally:
+        cluster.set_link(1, True)  # the launcher's own connections need it back to end
+        try:
+            code = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
+        for r in readers:
+            r.join(timeout=5)
+    text = "".join(err)
+    reports = re.findall(r"\[keras_ddl\] at unix time ([\d.]+): communication failed.*?"
+                         r"Unreachable: rank\(s\) \[([\d, ]+)\].*?\(rank (\d)\)", text)
+    by_rank = {int(r): ({int(x) for x in peers.split(",")}, float(when))
+               for when, peers, r in reports}
+    assert set(by_rank) == set(range(nprocs)), text[-4000:]
+    # Node 1 holds ranks 0 and 1, node 2 ranks 2 and 3: each side names
+    # ranks on the other side only, within the timeout and a few seconds.
+    for r, (peers, when) in by_rank.items():
+        other_side = {2, 3} if r < 2 else {0, 1}
+        assert peers and peers <= other_side, (r, peers)
+        assert when - cut_at < timeout_s + 8, (r, when - cut_at)
+    assert code not in (None, 0), code
+
+
+# --- two jobs at once on one machine --------------------------------------
+
+def test_two_jobs_at_once_do_not_share_memory_names():
+    cluster = netns_cluster(2, "1gbit")
+    from keras_ddl.cluster import MPI_ENV
+    argv = [mpiexec_path(), *cluster.mpiexec_args(2), "-n", "4", sys.executable, SLOW_SCRIPT,
+            "job_identity"]
+    procs = [subprocess.Popen(argv + [str(job)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=TESTS_DIR,
+                              env=launch_env(dict(MPI_ENV))) for job in (1, 2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for job, (p, (out, err)) in enumerate(zip(procs, outputs), start=1):
+        assert p.returncode == 0, err[-3000:]
+        # Each job's sums come from its own ranks only (job 1 adds 1s, job 2
+        # adds 2s): shared segments of the two jobs never mixed.
+        assert out.count(f"RESULT job_identity {job} ok") == 4, out[-3000:]
