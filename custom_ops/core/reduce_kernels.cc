@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DDL_F16C_KERNELS 1
+#endif
+
 namespace ddl {
 
 float HalfToFloat(uint16_t h) {
@@ -120,6 +125,49 @@ void DivideTyped(T* buffer, int64_t count, int divisor) {
   for (int64_t i = 0; i < count; ++i) buffer[i] = buffer[i] / d;
 }
 
+#ifdef DDL_F16C_KERNELS
+// float16 Sum / Product / division with the F16C conversions, eight lanes
+// at a time: the same float arithmetic and round-to-nearest-even as the
+// scalar code, so the same bits (only a NaN's payload may differ). Chosen
+// at run time, so the build needs no -march.
+bool HaveF16C() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+enum class HalfOp { kAdd, kMul, kDivide };
+
+// dst = a op b over float16 (kDivide: dst = a / divisor, b unused).
+template <HalfOp kOp>
+__attribute__((target("avx,f16c"))) void Half8(uint16_t* dst, const uint16_t* a,
+                                                const uint16_t* b, int64_t count, float divisor) {
+  const __m256 d = _mm256_set1_ps(divisor);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    __m256 r;
+    if constexpr (kOp == HalfOp::kDivide) {
+      r = _mm256_div_ps(x, d);
+    } else {
+      const __m256 y =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+      r = kOp == HalfOp::kAdd ? _mm256_add_ps(x, y) : _mm256_mul_ps(x, y);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < count; ++i) {  // the tail, as the scalar kernels do it
+    const float x = HalfToFloat(a[i]);
+    if constexpr (kOp == HalfOp::kDivide) {
+      dst[i] = FloatToHalf(x / divisor);
+    } else {
+      const float y = HalfToFloat(b[i]);
+      dst[i] = FloatToHalf(kOp == HalfOp::kAdd ? x + y : x * y);
+    }
+  }
+}
+#endif
+
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void Divide16(uint16_t* buffer, int64_t count, int divisor) {
   const float d = static_cast<float>(divisor);
@@ -132,6 +180,15 @@ void ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType d
               ReduceOp op) {
   switch (dtype) {
     case DataType::kFloat16:
+#ifdef DDL_F16C_KERNELS
+      if (HaveF16C() && op != ReduceOp::kMin && op != ReduceOp::kMax) {
+        auto* out = static_cast<uint16_t*>(dst);
+        auto* x = static_cast<const uint16_t*>(a);
+        auto* y = static_cast<const uint16_t*>(b);
+        return op == ReduceOp::kProduct ? Half8<HalfOp::kMul>(out, x, y, count, 1.0f)
+                                         : Half8<HalfOp::kAdd>(out, x, y, count, 1.0f);
+      }
+#endif
       return Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
                                                 static_cast<const uint16_t*>(a),
                                                 static_cast<const uint16_t*>(b), count, op);
@@ -167,6 +224,12 @@ void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Reduc
 void DivideBy(void* buffer, int64_t count, DataType dtype, int divisor) {
   switch (dtype) {
     case DataType::kFloat16:
+#ifdef DDL_F16C_KERNELS
+      if (HaveF16C()) {
+        auto* data = static_cast<uint16_t*>(buffer);
+        return Half8<HalfOp::kDivide>(data, data, data, count, static_cast<float>(divisor));
+      }
+#endif
       return Divide16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buffer), count, divisor);
     case DataType::kBFloat16:
       return Divide16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buffer), count,

@@ -1,0 +1,28 @@
+"""The C++ core's reduction kernels on their own (no TensorFlow, no MPI):
+small C++ programs in tests/core/ compiled against the core's sources."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPS = os.path.join(REPO, "custom_ops")
+
+
+def build_and_run(program, sources, tmp_path):
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    if cxx is None:
+        pytest.fail("no C++ compiler: the install step needs one too")
+    exe = tmp_path / "check"
+    subprocess.run([cxx, "-std=c++17", "-O2", f"-I{OPS}", os.path.join(REPO, "tests", "core",
+                    program), *[os.path.join(OPS, s) for s in sources], "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+
+
+def test_float16_kernels_match_the_scalar_definition(tmp_path):
+    proc = build_and_run("half_kernels.cc", ["core/reduce_kernels.cc"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " 0 mismatches" in proc.stdout, proc.stdout
