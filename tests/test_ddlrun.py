@@ -111,7 +111,7 @@ def test_launches_every_rank_with_prefixed_whole_lines(tmp_path):
 
 
 def test_exit_code_passes_and_the_failing_rank_is_named_without_prefixes(tmp_path):
-    failed = launch(tmp_path, [], 3)
+    failed = launch(tmp_path, ["--no-prefix-output"], 3)
     assert failed.returncode == 3, (failed.returncode, failed.stderr[-2000:])
     lines = failed.stdout.splitlines()
     assert sorted(line for line in lines if line.startswith("RANK")) == \

@@ -61,7 +61,7 @@ def test_remote_ranks_get_the_environment_and_print_whole_prefixed_lines():
 
 def test_rank_killed_on_the_second_host_is_named_with_its_host():
     cluster = netns_cluster(2)
-    proc = ddlrun(cluster, [], ["kill"])
+    proc = ddlrun(cluster, ["--no-prefix-output"], ["kill"])
     assert proc.returncode != 0, output(proc)
     killed = re.search(r"^RANK 3 killed at ([\d.]+)$", proc.stdout, re.MULTILINE)
     assert killed, output(proc)

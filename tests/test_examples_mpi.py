@@ -26,7 +26,7 @@ TINY = ["--image-size", "32", "--num-classes", str(NUM_CLASSES), "--global-batch
 
 
 def ddlrun(script, args, cwd, timeout=240):
-    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "2",
+    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "2", "--no-prefix-output",
             sys.executable, os.path.join(EXAMPLES, script), *args]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,

@@ -46,7 +46,7 @@ def test_hung_rank_is_named_and_the_job_ends():
 def test_dead_rank_ends_the_job_and_ddlrun_names_it(how):
     # Through ddlrun: MPICH's launcher reports a dead rank by a PID only
     # (not always the first to die); ddlrun names the rank.
-    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", sys.executable,
+    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", "--no-prefix-output", sys.executable,
             SCRIPT, how]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240,
                           env=launch_env({"DDL_PEER_TIMEOUT_S": "5"}), cwd=TESTS_DIR)

@@ -17,7 +17,7 @@ SCRIPT = os.path.join(MPI_DIR, "resume_job.py")
 
 def launch(mode, backup_dir):
     # through ddlrun, which names the rank that died first
-    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", sys.executable, SCRIPT,
+    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", "--no-prefix-output", sys.executable, SCRIPT,
             mode, str(backup_dir)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           env=launch_env({"DDL_PEER_TIMEOUT_S": "5"}), cwd=TESTS_DIR)

@@ -98,9 +98,9 @@ def build_parser():
     p.add_argument("--mpi-args", metavar="ARGS", default="",
                    help="more options for the launcher, split like a shell does, "
                         "e.g. --mpi-args=-verbose or --mpi-args \"-bind-to core\"")
-    p.add_argument("-l", "--prefix-output", action="store_true",
-                   help="prefix every output line with [rank] (as mpiexec -l); lines are "
-                        "never split or mixed, with or without it")
+    p.add_argument("-l", "--prefix-output", action=argparse.BooleanOptionalAction, default=True,
+                   help="prefix every output line with [rank] (as mpiexec -l; the default); "
+                        "lines are never split or mixed, with or without it")
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
