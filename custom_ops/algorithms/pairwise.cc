@@ -12,12 +12,17 @@ namespace {
 
 constexpr int kTagPairwise = 103;
 
-// Elements per message. Each rank holds two chunks per peer in scratch, so
-// the chunk shrinks as peers grow (at most ~8 MB of scratch), but not below
-// what keeps per-message overhead small.
+// Chunks in flight per peer. Over a network a message only moves once its
+// receive is posted, so a deep window keeps the link busy across the
+// per-message round trips; in shared memory it costs nothing.
+constexpr int kWindow = 8;
+
+// Elements per message: the window's scratch stays near 32 MB whatever the
+// number of peers, without going below what keeps per-message overhead
+// small or above what one step should hold back.
 int64_t ChunkElems(int n, size_t elem) {
-  const size_t budget = (size_t(8) << 20) / (2 * static_cast<size_t>(n - 1));
-  const size_t bytes = std::clamp<size_t>(budget, 16 << 10, 256 << 10);
+  const size_t budget = (size_t(32) << 20) / (kWindow * static_cast<size_t>(n - 1));
+  const size_t bytes = std::clamp<size_t>(budget, 16 << 10, 512 << 10);
   return static_cast<int64_t>(bytes / elem);
 }
 
@@ -38,40 +43,46 @@ void PairwiseReduceScatter(Transport& t, void* buffer, const std::vector<int64_t
   int64_t steps = 0;
   for (int r = 0; r < n; ++r) steps = std::max(steps, chunks_of(r));
 
-  // Two landing areas per peer (chunk k lands in area k % 2), plus a copy
-  // of this rank's own chunk when it is not among the first two summands.
+  // kWindow landing areas per peer (chunk k lands in area k % kWindow),
+  // plus a copy of this rank's own chunk when it is not among the first
+  // two summands.
   const size_t area = static_cast<size_t>(chunk) * elem;
-  std::vector<char> scratch((2 * static_cast<size_t>(n - 1) + 1) * area);
+  const int64_t mine_chunks = (counts[me] + chunk - 1) / chunk;
+  const int window = static_cast<int>(std::min<int64_t>(kWindow, std::max<int64_t>(mine_chunks, 1)));
+  std::vector<char> scratch((static_cast<size_t>(window) * (n - 1) + 1) * area);
   auto landing = [&](int peer, int64_t k) {
     const int index = peer < me ? peer : peer - 1;
-    return scratch.data() + (static_cast<size_t>(k % 2) * (n - 1) + index) * area;
+    return scratch.data() + (static_cast<size_t>(k % window) * (n - 1) + index) * area;
   };
-  char* own_copy = scratch.data() + 2 * static_cast<size_t>(n - 1) * area;
+  char* own_copy = scratch.data() + static_cast<size_t>(window) * (n - 1) * area;
   char* const mine = base + offset[me] * elem;
 
-  std::vector<Transport::Handle> recvs(n, -1);
+  // recvs[k % window][p]: chunk k from peer p.
+  std::vector<std::vector<Transport::Handle>> recvs(window, std::vector<Transport::Handle>(n, -1));
   auto post_recvs = [&](int64_t k) {
     for (int p = 0; p < n; ++p) {
-      if (p != me) recvs[p] = t.Irecv(landing(p, k), chunk_len(me, k) * elem, p, kTagPairwise);
+      if (p != me) {
+        recvs[k % window][p] = t.Irecv(landing(p, k), chunk_len(me, k) * elem, p, kTagPairwise);
+      }
     }
   };
-  // Sends of chunk k, kept until chunk k+1's are posted: at most two chunks
-  // per peer in flight, so a slow peer never has the whole buffer queued.
-  std::vector<Transport::Handle> sending, sent;
-  if (chunks_of(me) > 0) post_recvs(0);
+  // Sends of the last `window` chunks stay in flight; older ones are
+  // waited for, so a slow peer never has the whole buffer queued.
+  std::vector<std::vector<Transport::Handle>> sends(window);
+  for (int64_t k = 0; k < std::min<int64_t>(window, mine_chunks); ++k) post_recvs(k);
   for (int64_t k = 0; k < steps; ++k) {
-    sent.swap(sending);
-    sending.clear();
+    std::vector<Transport::Handle>& slot = sends[k % window];
+    for (auto h : slot) t.Wait(h);
+    slot.clear();
     for (int p = 0; p < n; ++p) {
       if (p == me || k >= chunks_of(p)) continue;
-      sending.push_back(t.Isend(base + (offset[p] + k * chunk) * elem, chunk_len(p, k) * elem,
-                                p, kTagPairwise));
+      slot.push_back(t.Isend(base + (offset[p] + k * chunk) * elem, chunk_len(p, k) * elem, p,
+                             kTagPairwise));
     }
-    if (k < chunks_of(me)) {
+    if (k < mine_chunks) {
       for (int p = 0; p < n; ++p) {
-        if (p != me) t.Wait(recvs[p]);
+        if (p != me) t.Wait(recvs[k % window][p]);
       }
-      if (k + 1 < chunks_of(me)) post_recvs(k + 1);
       const int64_t m = chunk_len(me, k);
       char* dst = mine + k * chunk * elem;
       const char* own = dst;
@@ -82,10 +93,13 @@ void PairwiseReduceScatter(Transport& t, void* buffer, const std::vector<int64_t
       auto value = [&](int r) -> const char* { return r == me ? own : landing(r, k); };
       ReduceTo(dst, value(0), value(1), m, dtype, op);
       for (int r = 2; r < n; ++r) ReduceInto(dst, value(r), m, dtype, op);
+      // Its landing areas are free again: post the chunk `window` ahead.
+      if (k + window < mine_chunks) post_recvs(k + window);
     }
-    for (auto h : sent) t.Wait(h);
   }
-  for (auto h : sending) t.Wait(h);
+  for (auto& slot : sends) {
+    for (auto h : slot) t.Wait(h);
+  }
   if (op == ReduceOp::kAverage) DivideBy(mine, counts[me], dtype, n);
 }
 

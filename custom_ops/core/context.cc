@@ -15,7 +15,10 @@ std::string OnRank(int rank) { return " (rank " + std::to_string(rank) + ")"; }
 
 // Staging slot per rank and pipeline depth of the shared-memory allreduce:
 // a chunk of 256 KB per rank keeps a 2-rank step inside one core's L2.
+// Across nodes each chunk's slices also make one network exchange, whose
+// round trips a larger chunk amortises: 1 MB there.
 constexpr size_t kNodeChunkBytes = 256 * 1024;
+constexpr size_t kCrossNodeChunkBytes = 1024 * 1024;
 constexpr int kNodeSlots = 4;
 }  // namespace
 
@@ -58,7 +61,8 @@ Status Context::ChooseAllreduce() {
   try {
     node_memory = ShmArena::Create(*local, std::to_string(token[0]) + "." +
                                                std::to_string(node_id[0]),
-                                   kNodeChunkBytes, kNodeSlots);
+                                   cross_size > 1 ? kCrossNodeChunkBytes : kNodeChunkBytes,
+                                   kNodeSlots);
   } catch (const TransportError& e) {
     return Status::Internal(std::string(e.what()) + OnRank(rank));
   }
