@@ -9,6 +9,7 @@ work inside ``tf.GradientTape`` and ``tf.function``.
 import enum
 import itertools
 import threading
+import weakref
 
 import tensorflow as tf
 
@@ -91,15 +92,32 @@ def _to_tensor(value, argument):
                         f"got {type(value).__name__}: {e}") from None
 
 
+# Per traced graph: (the order in which this process first built a
+# collective into it, a counter of its unnamed collectives).
+_graph_names = weakref.WeakKeyDictionary()
+_graph_order = itertools.count()
+
+
 def _name_input(name, kind):
     """The op's tensor_name input.
 
     Eager calls without a name get a process-wide counter (every rank makes
-    the same eager calls in the same order); in a graph an empty name makes
-    the kernel use its node name.
+    the same eager calls in the same order). Inside a traced function an
+    unnamed collective is named after the graph (numbered in the order
+    graphs are traced, as every rank runs the same program) and its place
+    in it, so the collectives of two functions (a model's train and test
+    steps, a retrace) never share a name: ranks out of step then wait for
+    each other and are reported, instead of pairing unrelated tensors.
     """
     if name is None:
-        name = f"{kind}.{next(_eager_names)}" if tf.executing_eagerly() else ""
+        if tf.executing_eagerly():
+            name = f"{kind}.{next(_eager_names)}"
+        else:
+            graph = tf.compat.v1.get_default_graph()
+            entry = _graph_names.get(graph)
+            if entry is None:
+                entry = _graph_names[graph] = (next(_graph_order), itertools.count())
+            name = f"graph{entry[0]}.{kind}.{next(entry[1])}"
     return tf.constant(name, dtype=tf.string)
 
 

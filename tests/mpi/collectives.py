@@ -498,6 +498,39 @@ def results_outlive_shutdown():
     ddl.init()
 
 
+def _collective_names(concrete):
+    """The tensor_name inputs of the collectives in a traced function."""
+    names = []
+    for op in concrete.graph.get_operations():
+        if op.type.startswith("Ddl"):
+            const = op.inputs[1].op
+            names.append(const.get_attr("value").string_val[0].decode())
+    return names
+
+
+@case
+def unnamed_collectives_of_two_functions_never_share_a_name():
+    # A model's train and test steps both reduce without names; if their
+    # collectives shared names, ranks out of step could pair unrelated
+    # tensors. Each traced function names its own.
+    @tf.function
+    def train_like(x):
+        return ddl.allreduce(x) + ddl.allreduce(2 * x)
+
+    @tf.function
+    def test_like(x):
+        return ddl.allreduce(x) + ddl.allreduce(2 * x)
+
+    x = tf.ones([3])
+    assert_exact(train_like(x).numpy(), np.full([3], 3.0, np.float32), "train_like")
+    assert_exact(test_like(x).numpy(), np.full([3], 3.0, np.float32), "test_like")
+    a = _collective_names(train_like.get_concrete_function(x))
+    b = _collective_names(test_like.get_concrete_function(x))
+    assert len(a) == 2 and len(b) == 2 and len(set(a)) == 2, (a, b)
+    assert not set(a) & set(b), (a, b)
+    assert MPI.COMM_WORLD.allgather((a, b)) == [(a, b)] * size, "names differ between ranks"
+
+
 @case
 def report_traffic():
     """Last: this rank's traffic counters, for tests that compare them with
