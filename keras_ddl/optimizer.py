@@ -3,20 +3,23 @@ DistributedGradientTape.
 
 Both work without any `tf.distribute` strategy: every process runs the same
 single-process Keras script on its own shard of the data, and the gradients
-are averaged across processes (one grouped allreduce per update) before the
-wrapped optimizer applies them. Starting from the same weights (see
-`keras_ddl.callbacks.BroadcastGlobalVariablesCallback`), every process then
-makes the same update, bit for bit.
+are averaged across processes before the wrapped optimizer applies them. By
+default each gradient's allreduce starts as soon as backprop has produced
+that gradient (see `keras_ddl.gradient_overlap`). Starting from the same
+weights (see `keras_ddl.callbacks.BroadcastGlobalVariablesCallback`), every
+process then makes the same update, bit for bit.
 """
 
-import warnings
+import contextlib
+import sys
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from . import basics
-from .ops import Average, Compression, ReduceOp, Sum, grouped_allreduce
+from . import basics, loss_scale
+from .gradient_overlap import check_overlap_args, reduce_tensors
+from .ops import Average, Compression, ReduceOp, Sum
 
 _COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
@@ -56,22 +59,45 @@ def _dense(grad):
     return grad
 
 
-def reduce_gradients(grads, op=Average, compression=Compression.none, name=None):
-    """Reduces a list of gradients across ranks in one grouped allreduce.
+def reduce_gradients(grads, op=Average, compression=Compression.none, name=None,
+                     overlap_gradients=True, bucket_bytes=None):
+    """Reduces a list of gradients across ranks.
 
-    `None` entries stay `None`; `tf.IndexedSlices` come back dense. At
-    `size() == 1` the gradients are returned as they are (no collective).
+    With `overlap_gradients` (in a graph) one allreduce per gradient, or per
+    bucket of `bucket_bytes`, each starting as soon as its gradients exist;
+    otherwise one grouped allreduce. `None` entries stay `None`;
+    `tf.IndexedSlices` come back dense. At `size() == 1` the gradients are
+    returned as they are (no collective).
     """
     grads = [None if g is None else _dense(g) for g in grads]
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present or basics.size() == 1:
         return grads
-    reduced = grouped_allreduce([grads[i] for i in present], op=op, name=name,
-                                compression=compression)
+    reduced = reduce_tensors([grads[i] for i in present], op=op, overlap=overlap_gradients,
+                             bucket_bytes=bucket_bytes, compression=compression, name=name)
     out = list(grads)
     for i, r in zip(present, reduced):
         out[i] = r
     return out
+
+
+def _refuse_under_ddl_strategy(what):
+    """A DDLStrategy already sums the gradients across ranks: averaging them
+    again here would be wrong twice over (double communication, and a
+    gradient scaled by 1 / size once too often for a custom loss)."""
+    module = sys.modules.get("keras_ddl.strategy")  # no strategy made: nothing to check
+    if module is None or not tf.distribute.has_strategy():
+        return
+    strategy = tf.distribute.get_strategy()
+    if isinstance(strategy, module.DDLStrategy):
+        raise ValueError(
+            f"keras_ddl: {what} cannot be used under DDLStrategy.scope() (or in a model "
+            "compiled there): the strategy already sums every gradient across ranks, so the "
+            "gradients would be reduced twice. Under the strategy, compile with the plain "
+            "optimizer (e.g. model.compile(keras.optimizers.SGD(...)), no "
+            "DistributedOptimizer) and take gradients with a plain tf.GradientTape; or drop "
+            "the strategy and keep DistributedOptimizer with "
+            "ddl.callbacks.BroadcastGlobalVariablesCallback.")
 
 
 def _check_not_xla():
@@ -101,32 +127,52 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     ```
 
     Each update, the gradients of this rank (computed by `model.fit` or
-    passed to `apply`/`apply_gradients`) go through one grouped allreduce
-    (`op=ddl.Average`: the mean over ranks), then the wrapped optimizer
-    applies them. Gradients that are `None` stay `None`; `tf.IndexedSlices`
-    are densified. With equal per-rank batches and a loss that is a mean over
-    the batch, the averaged gradient is the gradient of the mean loss over
-    the global batch (all ranks' batches together).
+    passed to `apply`/`apply_gradients`) are all-reduced (`op=ddl.Average`:
+    the mean over ranks), then the wrapped optimizer applies them. Gradients
+    that are `None` stay `None`; `tf.IndexedSlices` are densified. With equal
+    per-rank batches and a loss that is a mean over the batch, the averaged
+    gradient is the gradient of the mean loss over the global batch (all
+    ranks' batches together).
+
+    Overlap with backprop (`overlap_gradients=True`, the default): inside a
+    `tf.function` (`model.fit`, unless `run_eagerly=True`) each gradient has
+    its own allreduce, which starts as soon as backprop has produced that
+    gradient, so communication of the last layers' gradients overlaps the
+    backward pass through the first ones; the engine fuses the gradients
+    that are ready in the same cycle into one transfer. `bucket_mb` groups
+    them instead into buckets of about that many MB, filled from the last
+    layer to the first (the order backprop produces them); a bucket starts
+    when its last gradient exists. `overlap_gradients=False` issues one
+    grouped allreduce of all gradients after the backward pass. The results
+    are bitwise the same in every layout. Eagerly there is nothing to
+    overlap: one grouped allreduce.
 
     The wrapped optimizer keeps its own state, learning rate, iterations and
     config: `learning_rate`, `iterations`, `variables`, `scale_loss` and
     `finalize_variable_values` are the wrapped optimizer's. Any Keras 3
     optimizer works (SGD, Adam, AdamW, Lamb, `keras_ddl.optimizers.LARS`, ...),
-    including a `keras.optimizers.LossScaleOptimizer`: wrap it, not the other
-    way round, so every rank sees the same (averaged) gradients when it
-    decides whether they are finite. Under a `mixed_float16` policy, use
-    `DistributedOptimizer(LossScaleOptimizer(opt))` and
-    `model.compile(..., auto_scale_loss=False)`; otherwise `compile` wraps
-    this optimizer in another LossScaleOptimizer, which checks finiteness
-    before the allreduce (rank-local) and can leave the ranks waiting for
-    each other.
+    including a `keras.optimizers.LossScaleOptimizer`. Under a
+    `mixed_float16` policy `model.compile` wraps this optimizer in a
+    `LossScaleOptimizer` by itself; either nesting is safe: the gradients
+    are averaged before the loss-scale optimizer checks whether they are
+    finite, so every rank decides the same and skips the same steps (with
+    `gradient_accumulation_steps > 1` inside a `LossScaleOptimizer`, the
+    ranks agree on the check instead: a micro-batch non-finite on any rank
+    is skipped on all). See `keras_ddl.loss_scale`.
+
+    Not under `DDLStrategy`: the strategy already sums the gradients, so
+    creating this optimizer in its scope, or using it in a model compiled
+    there, is an error.
 
     Use `jit_compile=False` in `model.compile`: the allreduce is a custom op
     that XLA cannot compile.
 
-    The collective is named after the optimizer (`"<name>.gradients"`), so
-    every rank must create its optimizers in the same order (the default
-    names are numbered per process) or pass the same `name`.
+    The collectives are named after the optimizer (`"<name>.gradients"`,
+    one allreduce per gradient `"<name>.gradients.<i>"` for the i-th
+    non-`None` gradient passed to `apply`, buckets
+    `"<name>.gradients.bucket.<k>"`), so every rank must create its optimizers in
+    the same order (the default names are numbered per process) or pass the
+    same `name`.
 
     Gradient accumulation: with `gradient_accumulation_steps=k`, each rank
     sums its gradients locally over `k` calls without communicating; on the
@@ -148,12 +194,21 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             the gradients' dtype on the wire.
         gradient_accumulation_steps: Integer >= 1, or `None` (= 1). Number of
             local batches whose averaged gradient makes one update.
-        name: Name of this optimizer (and of its collective). Defaults to an
+        name: Name of this optimizer (and of its collectives). Defaults to an
             automatic, per-process numbered `"distributed_optimizer"`.
+        overlap_gradients: True (default): one allreduce per gradient (or
+            per bucket), each starting when its gradients exist. False: one
+            grouped allreduce of all gradients after the backward pass.
+        bucket_mb: None (default): no buckets, one allreduce per gradient.
+            A positive number: gradients go in buckets of at most this many
+            MB (one grouped allreduce each), last layers first. Needs
+            `overlap_gradients=True`.
     """
 
     def __init__(self, optimizer, op=Average, compression=Compression.none,
-                 gradient_accumulation_steps=None, name=None):
+                 gradient_accumulation_steps=None, name=None, overlap_gradients=True,
+                 bucket_mb=None):
+        _refuse_under_ddl_strategy("DistributedOptimizer")
         if isinstance(optimizer, dict):  # a serialized optimizer
             optimizer = keras.optimizers.deserialize(optimizer)
         if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -166,20 +221,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError("keras_ddl: gradient_accumulation_steps must be an integer >= 1 "
                              f"(or None), got {gradient_accumulation_steps!r}")
+        overlap, bucket_bytes = check_overlap_args(overlap_gradients, bucket_mb,
+                                                   "DistributedOptimizer")
         super().__init__(learning_rate=0.0, name=name)
+        self.overlap_gradients, self.bucket_mb, self._bucket_bytes = \
+            overlap, bucket_mb, bucket_bytes
         self.inner_optimizer = optimizer
         self.op = _check_op(op)
         self.compression = _check_compression(compression)
         self.accumulation_steps = steps
-        policy = keras.mixed_precision.global_policy().name
-        if policy == "mixed_float16" and not isinstance(
-                optimizer, keras.optimizers.LossScaleOptimizer):
-            warnings.warn(
-                "keras_ddl: under the mixed_float16 policy, wrap a LossScaleOptimizer: "
-                "DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt)), and compile "
-                "with auto_scale_loss=False. A LossScaleOptimizer around the "
-                "DistributedOptimizer decides on rank-local gradients and can stall the ranks.",
-                stacklevel=2)
+        self._reduced_by_caller = 0
+        loss_scale.install()  # a LossScaleOptimizer around this one decides on reduced gradients
 
     # What the rest of Keras sees is the wrapped optimizer's state.
 
@@ -222,6 +274,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
+        _refuse_under_ddl_strategy("DistributedOptimizer")
         var_list = list(var_list)
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
@@ -234,8 +287,24 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     # The update.
 
     def _reduce(self, grads):
+        _refuse_under_ddl_strategy("DistributedOptimizer")
+        if self._reduced_by_caller:
+            return grads
         return reduce_gradients(grads, op=self.op, compression=self.compression,
-                                name=f"{self.name}.gradients")
+                                name=f"{self.name}.gradients",
+                                overlap_gradients=self.overlap_gradients,
+                                bucket_bytes=self._bucket_bytes)
+
+    @contextlib.contextmanager
+    def _gradients_reduced_by_caller(self):
+        """While tracing (or running) the block, `apply` takes its gradients
+        as already reduced: a LossScaleOptimizer around this optimizer has
+        reduced them, with `_reduce`, before its finiteness check."""
+        self._reduced_by_caller += 1
+        try:
+            yield
+        finally:
+            self._reduced_by_caller -= 1
 
     def apply(self, grads, trainable_variables=None):
         """Averages `grads` over ranks, then applies them with the wrapped optimizer."""
@@ -306,6 +375,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "op": self.op.name,
             "compression": _compression_name(self.compression),
             "gradient_accumulation_steps": self.accumulation_steps,
+            "overlap_gradients": self.overlap_gradients,
+            "bucket_mb": self.bucket_mb,
         }
 
     @classmethod
@@ -329,24 +400,29 @@ class DistributedGradientTape:
 
     It can also be entered directly:
     `with ddl.DistributedGradientTape(tf.GradientTape()) as tape:`.
-    Each `gradient()` call issues one grouped allreduce of the non-`None`
-    gradients (`None` stays `None`, `tf.IndexedSlices` come back dense).
-    Every rank must call `gradient()` the same number of times with the same
-    structure of sources. Use it with a plain optimizer, not with a
-    `DistributedOptimizer` (that would average twice). Other attributes and
-    methods (`watch`, `stop_recording`, `jacobian`, ...) are the wrapped
-    tape's.
+    Each `gradient()` call all-reduces the non-`None` gradients (`None`
+    stays `None`, `tf.IndexedSlices` come back dense): inside a
+    `tf.function`, by default, one allreduce per gradient that starts as
+    soon as that gradient exists (as `DistributedOptimizer` does; eagerly,
+    one grouped allreduce). Every rank must call `gradient()` the same
+    number of times with the same structure of sources. Use it with a plain
+    optimizer, not with a `DistributedOptimizer` (that would average twice),
+    and not under `DDLStrategy` (which sums the gradients itself). Other
+    attributes and methods (`watch`, `stop_recording`, `jacobian`, ...) are
+    the wrapped tape's.
 
     Args:
         tape: The `tf.GradientTape` to wrap.
         op: `ddl.Average` (default) or `ddl.Sum`.
         compression: `ddl.Compression.none` (default), `.fp16` or `.bf16`.
-        name: Optional name of the collective. By default it is named like
-            any unnamed collective: by its graph node inside `tf.function`,
-            by call order in eager mode.
+        name: Optional name (prefix) of the collectives. By default they are
+            named like any unnamed collective: by their graph nodes inside
+            `tf.function`, by call order in eager mode.
+        overlap_gradients, bucket_mb: as for `DistributedOptimizer`.
     """
 
-    def __init__(self, tape, op=Average, compression=Compression.none, name=None):
+    def __init__(self, tape, op=Average, compression=Compression.none, name=None,
+                 overlap_gradients=True, bucket_mb=None):
         if not isinstance(tape, tf.GradientTape):
             raise TypeError(f"keras_ddl: DistributedGradientTape wraps a tf.GradientTape, "
                             f"got {type(tape).__name__}")
@@ -354,6 +430,8 @@ class DistributedGradientTape:
         self._op = _check_op(op)
         self._compression = _check_compression(compression)
         self._name = name
+        self._overlap, self._bucket_bytes = check_overlap_args(
+            overlap_gradients, bucket_mb, "DistributedGradientTape")
 
     def __enter__(self):
         self._tape.__enter__()
@@ -369,9 +447,11 @@ class DistributedGradientTape:
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
+        _refuse_under_ddl_strategy("DistributedGradientTape")
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
                                     unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
         reduced = reduce_gradients(flat, op=self._op, compression=self._compression,
-                                   name=self._name)
+                                   name=self._name, overlap_gradients=self._overlap,
+                                   bucket_bytes=self._bucket_bytes)
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)

@@ -8,9 +8,11 @@
 
 Every process is one replica; ``num_replicas_in_sync == ddl.size()``. Keras 3
 scales each replica's loss by ``1 / num_replicas_in_sync`` and asks the
-replica context to SUM the gradients; here that sum is one grouped allreduce
-through keras_ddl's op, so N ranks with per-rank batch B train like one
-process with batch N*B. See docs/strategy.md for the user-facing contract.
+replica context to SUM the gradients; here that sum goes through keras_ddl's
+allreduce (by default one op per gradient, which starts as soon as backprop
+has produced it: ``keras_ddl.gradient_overlap``), so N ranks with per-rank
+batch B train like one process with batch N*B. See docs/strategy.md for the
+user-facing contract.
 
 This module is the only place in keras_ddl that uses private TensorFlow (and
 Keras) APIs. They were tested with the versions in ``TESTED_TENSORFLOW`` and
@@ -32,7 +34,9 @@ How the replicas stay identical:
 * Variables created under ``scope()`` take rank 0's initial value (a
   broadcast wraps the initial value), whatever each rank's seed.
 * Trainable variables are updated by the optimizer from all-reduced
-  gradients, so every rank computes the same update.
+  gradients, so every rank computes the same update. Under ``mixed_float16``
+  the gradients are summed before Keras' loss-scale optimizer checks them
+  (``keras_ddl.loss_scale``), so every rank skips the same steps.
 * Metric variables (``synchronization=ON_READ``): an update made inside
   ``strategy.run`` is all-reduced as it happens (the deltas are summed for
   ``aggregation=SUM``), so every rank holds the global state and every
@@ -42,6 +46,7 @@ How the replicas stay identical:
   assigned value, like ``MirroredStrategy``'s MEAN aggregation.
 """
 
+import contextlib
 import itertools
 import re
 import threading
@@ -51,8 +56,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from . import basics
+from . import basics, loss_scale
 from . import ops as ddl_ops
+from .gradient_overlap import check_overlap_args, reduce_tensors
 
 TESTED_TENSORFLOW = ("2.21",)
 TESTED_KERAS = ("3.15",)
@@ -76,6 +82,7 @@ _BITCAST_FOR_BROADCAST = {tf.uint32: tf.int32, tf.uint64: tf.int64, tf.int16: tf
                           tf.uint16: tf.float16}
 
 _variable_numbers = itertools.count()
+_presummed = threading.local()  # see _DDLExtended.gradients_already_summed
 _warned = set()
 _warn_lock = threading.Lock()
 
@@ -106,11 +113,6 @@ def _check_versions():
                 RuntimeWarning)
 
 
-def _keras_policy():
-    import keras
-    return keras.mixed_precision.global_policy().name
-
-
 def _default_device():
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
@@ -136,13 +138,15 @@ def _as_tensor(value):
     return tf.convert_to_tensor(value)
 
 
-def _allreduce_all(values, reduce_op, per_tensor=False):
+def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None):
     """All-reduces a list of tensors across ranks.
 
     Floating tensors go in one grouped allreduce (one negotiation, fused), or,
-    with ``per_tensor``, one allreduce each, so that inside a graph each
-    starts as soon as its input exists (gradients overlap the backward pass;
-    the engine still fuses those that are ready in the same cycle).
+    with ``overlap``, one allreduce each (or one per bucket of
+    ``bucket_bytes``), so that inside a graph each starts as soon as its
+    input exists (gradients overlap the backward pass; the engine still fuses
+    those that are ready in the same cycle). Unnamed: in a graph each op
+    takes its node name, eagerly the call order.
     """
     reduce_op = _reduce_op(reduce_op)
     values = [_as_tensor(v) for v in values]
@@ -163,12 +167,12 @@ def _allreduce_all(values, reduce_op, per_tensor=False):
                             f"across ranks (supported: float and integer tensors)")
     if floats:
         op = ddl_ops.Average if reduce_op == _MEAN else ddl_ops.Sum
-        if per_tensor or len(floats) == 1:
-            for i in floats:
-                out[i] = ddl_ops.allreduce(values[i], op=op)
+        if len(floats) == 1:
+            out[floats[0]] = ddl_ops.allreduce(values[floats[0]], op=op)
         else:
-            grouped = ddl_ops.grouped_allreduce([values[i] for i in floats], op=op)
-            for i, r in zip(floats, grouped):
+            reduced = reduce_tensors([values[i] for i in floats], op, overlap=overlap,
+                                     bucket_bytes=bucket_bytes)
+            for i, r in zip(floats, reduced):
                 out[i] = r
     if ints:
         summed = ddl_ops.grouped_allreduce([values[i] for i in ints], op=ddl_ops.Sum)
@@ -408,11 +412,12 @@ class _DDLReplicaContext(tf.distribute.ReplicaContext):
 class _DDLExtended(_ExtendedBase):
     """One local device per process; reductions go across processes."""
 
-    def __init__(self, container_strategy, device, overlap_gradients=False):
+    def __init__(self, container_strategy, device, overlap_gradients, bucket_bytes):
         super().__init__(container_strategy, device)
         self._rank = basics.rank()
         self._size = basics.size()
-        self._per_tensor = bool(overlap_gradients)
+        self._overlap = overlap_gradients
+        self._bucket_bytes = bucket_bytes
 
     # variables
 
@@ -429,11 +434,6 @@ class _DDLExtended(_ExtendedBase):
     # running replica functions
 
     def _call_for_each_replica(self, fn, args, kwargs):
-        if self._size > 1 and _keras_policy() == "mixed_float16":
-            _warn_once("float16",
-                       "keras_ddl: mixed_float16 is not supported by DDLStrategy: Keras' "
-                       "loss-scale optimizer decides from each rank's own gradients whether a "
-                       "step is finite, so ranks can disagree and stall. Use mixed_bfloat16.")
         with tf.device(self._device), _DDLReplicaContext(self._container_strategy()):
             return fn(*args, **kwargs)
 
@@ -449,8 +449,35 @@ class _DDLExtended(_ExtendedBase):
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         # ReplicaContext.all_reduce lands here: Keras' gradient sum
         del options
-        return _allreduce_all([v for v, _ in value_destination_pairs], reduce_op,
-                              per_tensor=self._per_tensor)
+        values = [v for v, _ in value_destination_pairs]
+        if getattr(_presummed, "depth", 0):
+            return [_as_tensor(v) for v in values]
+        return _allreduce_all(values, reduce_op, overlap=self._overlap,
+                              bucket_bytes=self._bucket_bytes)
+
+    def sum_gradients(self, grads):
+        """Sums ``grads`` (``None`` entries stay) across ranks now, in the
+        layout of the gradient sum: called in the replica context by a
+        loss-scale optimizer before its finiteness check."""
+        grads = list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        summed = _allreduce_all([grads[i] for i in present], _SUM, overlap=self._overlap,
+                                bucket_bytes=self._bucket_bytes)
+        for i, s in zip(present, summed):
+            grads[i] = s
+        return grads
+
+    @staticmethod
+    @contextlib.contextmanager
+    def gradients_already_summed():
+        """Replica-context ``all_reduce`` calls (the optimizer's gradient
+        sum) made while tracing or running the block return their inputs:
+        ``sum_gradients`` has summed them already."""
+        _presummed.depth = getattr(_presummed, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            _presummed.depth -= 1
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -552,23 +579,31 @@ class DDLStrategy(tf.distribute.Strategy):
         ``ModelCheckpoint``, ``TensorBoard`` and ``CSVLogger`` callbacks of a
         model built under this strategy run on rank 0 only; every other
         callback runs on every rank.
-      overlap_gradients: False (default) sums all gradients of a step in one
-        grouped allreduce (one negotiation, one fused transfer). True issues
-        one allreduce per gradient, each starting as soon as that gradient is
-        computed, so communication overlaps the rest of the backward pass
-        (the engine still fuses those ready together). Same results up to
-        float rounding.
+      overlap_gradients: True (default) issues one allreduce per gradient
+        (or per bucket, see ``bucket_mb``), each starting as soon as backprop
+        has produced that gradient, so communication overlaps the rest of
+        the backward pass (the engine fuses the gradients that are ready in
+        the same cycle). False sums all gradients of a step in one grouped
+        allreduce after the backward pass (one negotiation, one fused
+        transfer). Bitwise the same results either way.
+      bucket_mb: None (default): one allreduce per gradient. A positive
+        number: gradients go in buckets of at most this many MB, filled from
+        the last layer to the first, one grouped allreduce per bucket (which
+        starts when its last gradient exists). Needs ``overlap_gradients``.
     """
 
-    def __init__(self, device=None, rank_zero_callbacks=True, overlap_gradients=False):
+    def __init__(self, device=None, rank_zero_callbacks=True, overlap_gradients=True,
+                 bucket_mb=None):
         if _PRIVATE_IMPORT_ERROR is not None:
             raise ImportError(
                 f"keras_ddl.DDLStrategy needs TensorFlow internals missing from TensorFlow "
                 f"{tf.__version__} (tested: {', '.join(TESTED_TENSORFLOW)}): "
                 f"{_PRIVATE_IMPORT_ERROR}")
         _check_versions()
+        overlap, bucket_bytes = check_overlap_args(overlap_gradients, bucket_mb, "DDLStrategy")
         basics.init()
-        super().__init__(_DDLExtended(self, device or _default_device(), overlap_gradients))
+        super().__init__(_DDLExtended(self, device or _default_device(), overlap, bucket_bytes))
+        loss_scale.install()  # mixed_float16: ranks agree on skipping a step
         self.rank_zero_callbacks = bool(rank_zero_callbacks)
         if self.rank_zero_callbacks:
             _install_callback_filter()

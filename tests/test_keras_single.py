@@ -65,7 +65,7 @@ def test_config_round_trip_keeps_the_wrapped_config():
     inner = keras.optimizers.LossScaleOptimizer(
         keras.optimizers.AdamW(0.003, weight_decay=0.02, clipnorm=1.5), initial_scale=64.0)
     opt = ddl.DistributedOptimizer(inner, op=ddl.Sum, compression=ddl.Compression.fp16,
-                                   gradient_accumulation_steps=3, name="dist")
+                                   gradient_accumulation_steps=3, name="dist", bucket_mb=2.5)
     config = keras.optimizers.serialize(opt)
     assert config["registered_name"] == "keras_ddl>DistributedOptimizer"
     back = keras.optimizers.deserialize(config)
@@ -73,6 +73,10 @@ def test_config_round_trip_keeps_the_wrapped_config():
     assert back.get_config() == opt.get_config()
     assert back.op == ddl.Sum and back.compression is ddl.Compression.fp16
     assert back.accumulation_steps == 3 and back.name == "dist"
+    assert back.overlap_gradients is True and back.bucket_mb == 2.5
+    off = keras.optimizers.deserialize(keras.optimizers.serialize(
+        ddl.DistributedOptimizer(keras.optimizers.SGD(), overlap_gradients=False)))
+    assert off.overlap_gradients is False and off.bucket_mb is None
     assert isinstance(back.inner_optimizer, keras.optimizers.LossScaleOptimizer)
     inner_back = back.inner_optimizer.inner_optimizer
     assert isinstance(inner_back, keras.optimizers.AdamW)
@@ -141,6 +145,82 @@ def test_invalid_arguments_are_clear_errors():
         ddl.DistributedOptimizer(keras.optimizers.SGD(), gradient_accumulation_steps=0)
     with pytest.raises(ValueError, match="compression"):
         ddl.DistributedOptimizer(keras.optimizers.SGD(), compression="zip")
+    with pytest.raises(ValueError, match=r"overlap_gradients=\.\.\.\) must be True or False"):
+        ddl.DistributedOptimizer(keras.optimizers.SGD(), overlap_gradients="yes")
+    for bad in (0, -1.0, True, "4"):
+        with pytest.raises(ValueError, match=r"bucket_mb=\.\.\.\) must be a positive number"):
+            ddl.DistributedOptimizer(keras.optimizers.SGD(), bucket_mb=bad)
+    with pytest.raises(ValueError, match="bucket_mb=4.*needs overlap_gradients=True"):
+        ddl.DistributedOptimizer(keras.optimizers.SGD(), overlap_gradients=False, bucket_mb=4)
+    with pytest.raises(ValueError, match=r"DistributedGradientTape\(bucket_mb"):
+        ddl.DistributedGradientTape(tf.GradientTape(), bucket_mb=0)
+
+
+def test_buckets_fill_from_the_last_gradient_to_the_first():
+    from keras_ddl.gradient_overlap import plan_buckets
+    sizes = [60, 20, 40, 8, 200, 4]  # bytes of float32 tensors
+    tensors = [tf.zeros([n // 4]) for n in sizes]
+    assert plan_buckets(tensors, 50) == [[5], [4], [3, 2], [1], [0]]
+    assert plan_buckets(tensors, 80) == [[5], [4], [3, 2, 1], [0]]
+    assert plan_buckets(tensors, 10**6) == [[5, 4, 3, 2, 1, 0]]
+    unknown = tf.TensorSpec([None, 3])  # unknown size: a bucket of its own
+    assert plan_buckets([tensors[3], unknown, tensors[3]], 10**6) == [[2], [1], [0]]
+
+
+def test_distributed_optimizer_under_ddl_strategy_is_a_clear_error():
+    strategy = ddl.DDLStrategy()
+    with strategy.scope():
+        with pytest.raises(ValueError, match=r"DistributedOptimizer cannot be used under "
+                                             r"DDLStrategy\.scope\(\).*reduced twice.*plain"):
+            ddl.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    opt = ddl.DistributedOptimizer(keras.optimizers.SGD(0.1))  # made outside, compiled inside
+    with strategy.scope():
+        model = make_model()
+        model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    x, y = data(8)
+    with pytest.raises(ValueError, match="DistributedOptimizer cannot be used under DDLStrategy"):
+        model.fit(x, y, batch_size=4, verbose=0)
+
+    v = tf.Variable(2.0)
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            loss = v * v
+        return ddl.DistributedGradientTape(tape).gradient(loss, [v])
+
+    with pytest.raises(ValueError, match="DistributedGradientTape cannot be used under "
+                                         "DDLStrategy"):
+        strategy.run(replica_step)
+    # outside the strategy both work as before
+    assert float(replica_step()[0]) == 4.0
+    plain = make_model()
+    plain.compile(optimizer=ddl.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=False)
+    plain.fit(x, y, batch_size=4, verbose=0)
+
+
+def test_mixed_float16_auto_loss_scaling_is_plain_keras_in_a_world_of_one():
+    # compile() wraps the DistributedOptimizer in a LossScaleOptimizer; with
+    # one process the loss-scale hook changes nothing, overflowing step included.
+    x, y = data()
+    x[5, 1] = 1e5  # overflows float16 in the second batch
+    weights, scales = [], []
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        for wrap in (False, True):
+            model = make_model()
+            opt = keras.optimizers.SGD(0.1)
+            model.compile(optimizer=ddl.DistributedOptimizer(opt) if wrap else opt, loss="mse",
+                          jit_compile=False)
+            assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+            weights.append(model.get_weights())
+            scales.append(float(model.optimizer.dynamic_scale.numpy()))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert scales[0] == scales[1] == 2.0**14
+    for a, b in zip(*weights):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_jit_compile_is_refused_with_a_clear_error():

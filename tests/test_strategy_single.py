@@ -70,6 +70,19 @@ def test_untested_versions_warn(monkeypatch):
         ddl.DDLStrategy()  # once per process
 
 
+def test_gradient_layout_knobs():
+    assert ddl.DDLStrategy().extended._overlap is True  # overlap by default
+    assert ddl.DDLStrategy().extended._bucket_bytes is None
+    assert ddl.DDLStrategy(bucket_mb=0.5).extended._bucket_bytes == 2**19
+    assert ddl.DDLStrategy(overlap_gradients=False).extended._overlap is False
+    with pytest.raises(ValueError, match=r"DDLStrategy\(bucket_mb=\.\.\.\) must be a positive"):
+        ddl.DDLStrategy(bucket_mb=0)
+    with pytest.raises(ValueError, match=r"DDLStrategy\(bucket_mb=2\) needs overlap_gradients"):
+        ddl.DDLStrategy(overlap_gradients=False, bucket_mb=2)
+    with pytest.raises(ValueError, match=r"overlap_gradients=\.\.\.\) must be True or False"):
+        ddl.DDLStrategy(overlap_gradients=1)
+
+
 def rows_of(ds):
     return [tf.nest.map_structure(lambda t: t.numpy().tolist(), b) for b in ds]
 

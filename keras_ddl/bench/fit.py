@@ -36,6 +36,16 @@ up to ~0.3 s) is not counted. ``*_ms`` columns are medians over repetitions,
 ``*_min`` the fastest repetition (what to read on a machine shared with
 other jobs), ``*_cpu`` the process CPU time per step (all threads), which
 other jobs do not inflate but which leaves out waiting for other ranks.
+
+Gradient layout: ``DDL_BENCH_FIT_OVERLAP=on|off`` makes the DDLStrategy
+models use ``overlap_gradients=True|False`` (unset: the strategy's default,
+on). ``DDL_BENCH_FIT_OVERLAP=both`` with (3) trains a second DDLStrategy
+model with ``overlap_gradients=False`` in the same processes, interleaved
+with the first, and adds a table: ``overlap_ms / grouped_ms`` (below 1:
+overlapping the gradient allreduces with backprop pays) and whether both
+layouts ended with bitwise-identical weights::
+
+    DDL_BENCH_FIT_OVERLAP=both mpiexec -n 2 -bind-to core python -m keras_ddl.bench fit
 """
 
 import hashlib
@@ -72,6 +82,21 @@ def _resnet50(keras, image_size):
     # Keras' own ResNet-50 (25.6 M parameters, 214 trainable tensors), logits out
     return keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
                                        classes=RESNET_CLASSES, classifier_activation=None)
+
+
+OVERLAP_ENV = "DDL_BENCH_FIT_OVERLAP"
+
+
+def _overlap_choice():
+    value = os.environ.get(OVERLAP_ENV, "")
+    if value not in ("", "on", "off", "both"):
+        raise SystemExit(f"{OVERLAP_ENV} must be on, off or both, got {value!r}")
+    return value or None
+
+
+def _digest(model):
+    return hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes()
+                                   for w in model.get_weights())).hexdigest()
 
 
 def _image_size(args):
@@ -144,11 +169,18 @@ def _measure(args):
 
     ddl.init()
     size, rank = ddl.size(), ddl.rank()
-    strategy = ddl.DDLStrategy()
+    overlap = _overlap_choice()
+    strategy = ddl.DDLStrategy() if overlap is None else \
+        ddl.DDLStrategy(overlap_gradients=overlap != "off")
     keras.utils.set_random_seed(0)
     plain = _compile(keras, _build(keras, args)) if size == 1 or args.independent else None
     with strategy.scope():
         distributed = _compile(keras, _build(keras, args))
+    grouped = None
+    if overlap == "both" and not args.independent:
+        with ddl.DDLStrategy(overlap_gradients=False).scope():
+            grouped = _compile(keras, _build(keras, args))
+        grouped.set_weights(distributed.get_weights())
     data = _synthetic(tf, args, seed=rank)
     clock = _StepClock(keras)
 
@@ -162,6 +194,8 @@ def _measure(args):
         models = {"plain": plain}
     else:
         models = {"ddl": distributed} if plain is None else {"plain": plain, "ddl": distributed}
+        if grouped is not None:
+            models["ddl_grouped"] = grouped
     for model in models.values():
         timed(model)  # warm-up: tracing
     results = {name: [] for name in models}
@@ -171,8 +205,7 @@ def _measure(args):
             # a step of N ranks lasts as long as its slowest rank's
             walls, cpus = zip(*COMM.allgather((wall, cpu)))
             results[name].append((max(walls), max(cpus)))
-    digest = hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes()
-                                     for w in distributed.get_weights())).hexdigest()
+    digest = _digest(distributed)
     affinity = COMM.allgather(sorted(os.sched_getaffinity(0))
                               if hasattr(os, "sched_getaffinity") else None)
     return {
@@ -182,6 +215,10 @@ def _measure(args):
         "params": int(sum(np.prod(w.shape) for w in distributed.trainable_weights)),
         "cores": ";".join(",".join(map(str, a)) if a else "?" for a in affinity),
         "identical": len(set(COMM.allgather(digest))) == 1,
+        "overlap_gradients": strategy.extended._overlap,
+        # both layouts trained the same steps from the same weights on the same data
+        "layouts_identical": None if grouped is None else all(
+            COMM.allgather(_digest(grouped) == digest)),
         "step_s": results,
     }
 
@@ -232,6 +269,18 @@ def _print_measurement(result):
         print_table(f"fit step time, DDLStrategy on {result['ranks']} ranks x "
                     f"{result['threads']} TF thread(s), {result['reps']} repetitions "
                     "(weak scaling against 1 rank: --scaling N)", list(rows[0]), rows)
+    if "ddl_grouped" in result["step_s"]:
+        grouped_ms, grouped_min, grouped_cpu = (
+            1e3 * v for v in _summary(result["step_s"]["ddl_grouped"]))
+        rows = [{"model": _model_label(result), "ranks": result["ranks"],
+                 "batch_per_rank": result["batch_per_rank"], "overlap_ms": ddl_ms,
+                 "grouped_ms": grouped_ms, "ratio": ddl_ms / grouped_ms, "overlap_min": ddl_min,
+                 "grouped_min": grouped_min, "ratio_min": ddl_min / grouped_min,
+                 "overlap_cpu": ddl_cpu, "grouped_cpu": grouped_cpu,
+                 "same_bits": "yes" if result["layouts_identical"] else "NO"}]
+        print_table("gradient layout: one allreduce per gradient overlapping backprop "
+                    "(overlap_gradients=True) vs one grouped allreduce after it (False), "
+                    f"{result['reps']} interleaved repetitions", list(rows[0]), rows)
 
 
 def _mpiexec():

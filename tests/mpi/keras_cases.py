@@ -77,18 +77,21 @@ def values(variables):
     return [v.numpy() for v in variables]
 
 
-def fit_distributed(make_optimizer, name, k=1, epochs=EPOCHS, callbacks=(), seed=0):
+def fit_distributed(make_optimizer, name, k=1, epochs=EPOCHS, callbacks=(), seed=0,
+                    **layout):
     """model.fit on this rank's shard, from rank-dependent initial weights.
 
     Returns (model, rank 0's initial weights, whether this rank's initial
     weights differed from them). Nothing here asserts before the collective
     calls, so a failure on one rank cannot leave the others waiting.
+    ``layout``: overlap_gradients / bucket_mb for the DistributedOptimizer.
     """
     model = make_model(100 + rank)
     mine = model.get_weights()
     w0 = comm.bcast(mine if rank == 0 else None, root=0)
     differed = any(not np.array_equal(a, b) for a, b in zip(mine, w0))
-    opt = ddl.DistributedOptimizer(make_optimizer(), gradient_accumulation_steps=k, name=name)
+    opt = ddl.DistributedOptimizer(make_optimizer(), gradient_accumulation_steps=k, name=name,
+                                   **layout)
     model.compile(optimizer=opt, loss="mse", jit_compile=False)
     x, y = shard(rank, seed)
     model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
@@ -174,6 +177,114 @@ def loss_scale_optimizer_agrees_on_nonfinite_steps():
     assert any(not np.array_equal(a, b) for a, b in zip(model.get_weights(), w0))
 
 
+def op_types(fn, *args):
+    return [op.type for op in fn.get_concrete_function(*args).graph.get_operations()]
+
+
+@case
+def gradient_layouts_are_bitwise_identical_and_overlap():
+    # One allreduce per gradient (the default), buckets, or one grouped
+    # allreduce after the backward pass: the same bits, on every rank.
+    layouts = {"per_gradient": {}, "buckets": {"bucket_mb": 50 / 2**20},
+               "grouped": {"overlap_gradients": False}}
+    weights = {}
+    for label, layout in layouts.items():
+        model, w0, _ = fit_distributed(lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+                                       f"layout_{label}", **layout)
+        assert model.optimizer.overlap_gradients == (label != "grouped")
+        weights[label] = model.get_weights()
+        assert_same_on_all_ranks(weights[label], f"{label}: weights")
+    moved = max(np.max(np.abs(a - b)) for a, b in zip(weights["grouped"], w0))
+    assert moved > 1e-3, moved
+    for label in ("per_gradient", "buckets"):
+        for a, b in zip(weights[label], weights["grouped"]):
+            np.testing.assert_array_equal(a, b, err_msg=f"{label} vs one grouped allreduce")
+
+    # The graph: each gradient's allreduce depends on that gradient only.
+    model = make_model(0)
+    variables = model.trainable_variables  # kernel 3x5, bias 5, kernel 5x2, bias 2
+    x, y = shard(rank)
+    counts = {}
+    for label, layout in layouts.items():
+        opt = ddl.DistributedOptimizer(keras.optimizers.SGD(0.0), name=f"graph_{label}",
+                                       **layout)
+        opt.build(variables)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+            opt.apply(tape.gradient(loss, variables), variables)
+
+        kinds = op_types(step, x, y)
+        step(x, y)
+        counts[label] = (kinds.count("DdlAllreduce"), kinds.count("DdlGroupedAllreduce"))
+    # 50-byte buckets, last variable first: [bias 8 B, kernel 40 B], [bias 20 B],
+    # [kernel 60 B]
+    assert counts == {"per_gradient": (4, 0), "buckets": (0, 3), "grouped": (0, 1)}, counts
+
+
+def mixed_float16_overflow(k):
+    """compile() wraps the DistributedOptimizer in a LossScaleOptimizer; the
+    last rank's first batch overflows float16 (1e5 > 65504)."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = make_model(100 + rank)
+        w0 = comm.bcast(model.get_weights() if rank == 0 else None, root=0)
+        opt = ddl.DistributedOptimizer(keras.optimizers.SGD(0.1), gradient_accumulation_steps=k,
+                                       name=f"f16_case_{k}")
+        model.compile(optimizer=opt, loss="mse", jit_compile=False)
+        model.optimizer.initial_scale = 1024.0  # not built yet; leaves the fp16 range alone
+        x, y = shard(rank)
+        if rank == size - 1:
+            x[1, 2] = 1e5
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[ddl.callbacks.BroadcastGlobalVariablesCallback(0)])
+        reference = None
+        if k == 1:  # the same global batches in one process: the same step is skipped
+            reference = make_model(0)
+            reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+            reference.optimizer.initial_scale = 1024.0
+            reference.set_weights(w0)
+            gx, gy = global_data()
+            gx[(size - 1) * BATCH + 1, 2] = 1e5
+            reference.fit(gx, gy, batch_size=BATCH * size, epochs=1, shuffle=False, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    lso = model.optimizer
+    assert isinstance(lso, keras.optimizers.LossScaleOptimizer), type(lso)
+    assert lso.inner_optimizer is opt
+    weights = model.get_weights()
+    assert_same_on_all_ranks(weights + values(lso.variables), "weights and optimizer state")
+    assert all(np.all(np.isfinite(w)) for w in weights)
+    assert float(lso.dynamic_scale.numpy()) == lso.initial_scale / 2  # skipped once, everywhere
+    assert any(not np.array_equal(a, b) for a, b in zip(weights, w0)), "no step was applied"
+    return model, reference
+
+
+@case
+def mixed_float16_overflow_on_one_rank_is_skipped_everywhere():
+    # The gradients are averaged before the loss-scale check: every rank sees
+    # the inf, skips the step and halves its loss scale, like one process on
+    # the global batch.
+    model, reference = mixed_float16_overflow(k=1)
+    assert int(model.optimizer.iterations) == STEPS - 1
+    assert float(reference.optimizer.dynamic_scale.numpy()) == \
+        float(model.optimizer.dynamic_scale.numpy())
+    assert int(reference.optimizer.iterations) == STEPS - 1
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+
+
+@case
+def mixed_float16_overflow_with_accumulation_is_skipped_everywhere():
+    # Accumulating locally, the ranks agree on the check itself: the
+    # overflowing micro-batch is skipped on every rank; the other three
+    # micro-batches make one update (the 4th waits for a partner).
+    model, _ = mixed_float16_overflow(k=2)
+    assert int(model.optimizer.iterations) == 1
+
+
 @case
 def gradient_tape_averages_in_eager_and_graph():
     keras.utils.set_random_seed(7)  # same weights everywhere
@@ -205,8 +316,13 @@ def gradient_tape_averages_in_eager_and_graph():
     want = [None if g is None else tf.convert_to_tensor(g).numpy()
             for g in tape.gradient(loss, sources)]
     assert want[-1] is None and want[0].shape == (10, 3)
+    def bucketed(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_of(x, y)
+        return ddl.DistributedGradientTape(tape, bucket_mb=1).gradient(loss, sources)
+
     for label, fn in (("eager", distributed), ("graph", tf.function(distributed)),
-                      ("entered", entered)):
+                      ("entered", entered), ("buckets", tf.function(bucketed))):
         got = fn(xs[rank], ys[rank])
         assert got[-1] is None, f"{label}: the unconnected gradient is {got[-1]}"
         assert not isinstance(got[0], tf.IndexedSlices), f"{label}: {type(got[0])}"

@@ -346,12 +346,12 @@ def custom_train_step():
 
 @case
 def custom_loop_with_run_and_reduce():
-    custom_loop(strategy)
+    custom_loop(strategy)  # default: one allreduce per gradient
 
 
 @case
-def custom_loop_with_one_allreduce_per_gradient():
-    custom_loop(ddl.DDLStrategy(overlap_gradients=True))
+def custom_loop_with_one_grouped_allreduce():
+    custom_loop(ddl.DDLStrategy(overlap_gradients=False))
 
 
 def custom_loop(strategy):
@@ -382,7 +382,7 @@ def custom_loop(strategy):
         graph = train_step.get_concrete_function(batches[0]).graph
         kinds = [op.type for op in graph.get_operations()]
         n = len(model.trainable_variables)
-        if strategy.extended._per_tensor:
+        if strategy.extended._overlap:
             assert kinds.count("DdlGroupedAllreduce") == 0 and kinds.count("DdlAllreduce") >= n
         else:
             assert kinds.count("DdlGroupedAllreduce") == 1, kinds.count("DdlGroupedAllreduce")
@@ -426,6 +426,65 @@ def mixed_bfloat16_policy():
     assert_weights_close(model.get_weights(), ref.get_weights(), "bf16 weights",
                          rtol=2e-2, atol=2e-3)
     assert_history_close(history, expected, "bf16 history", rtol=2e-2, atol=2e-3)
+
+
+@case
+def gradient_layouts_give_bitwise_identical_training():
+    # One allreduce per gradient (default), 200-byte buckets, one grouped
+    # allreduce: the same bits, however the engine fused the tensors.
+    x, y = data(seed=13)
+    seed_differently()
+    with strategy.scope():
+        w0 = mlp().get_weights()
+    results = {}
+    for label, kwargs in (("per_gradient", {}), ("buckets", {"bucket_mb": 200 / 2**20}),
+                          ("grouped", {"overlap_gradients": False})):
+        layout = ddl.DDLStrategy(**kwargs)
+        with layout.scope():
+            model = compile_model(mlp())
+        model.set_weights(w0)
+        history = model.fit(dataset(x, y), epochs=2, verbose=0).history
+        results[label] = (all_state(model), history)
+    same_on_all_ranks(results["per_gradient"][0], "state")
+    ref = reference_model(mlp, w0)
+    ref.fit(dataset(x, y), epochs=2, verbose=0)
+    assert_weights_close(results["per_gradient"][0][:4], ref.get_weights(), "per gradient")
+    for label in ("buckets", "grouped"):
+        assert digest(results[label][0]) == digest(results["per_gradient"][0]), label
+        assert results[label][1] == results["per_gradient"][1], label
+
+
+@case
+def mixed_float16_overflow_on_one_rank_is_skipped_everywhere():
+    # compile() wraps SGD in a LossScaleOptimizer. The last rank's rows of the
+    # first global batch overflow float16: the gradients are summed before
+    # the finiteness check, so every rank (like one process on the global
+    # batch) skips that step and halves its loss scale; nobody waits.
+    seed_differently()
+    x, y = data(seed=14)
+    x[GB - 1, 0] = 1e5  # the last row of batch 0: the last rank's slice
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = compile_model(mlp(), lr=0.05)
+        model.optimizer.initial_scale = 1024.0  # not built yet
+        w0 = model.get_weights()
+        history = model.fit(dataset(x, y), epochs=1, verbose=0).history
+        ref = reference_model(mlp, w0, lr=0.05)
+        ref.optimizer.initial_scale = 1024.0
+        expected = ref.fit(dataset(x, y), epochs=1, verbose=0).history
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    lso = model.optimizer
+    assert isinstance(lso, keras.optimizers.LossScaleOptimizer), type(lso)
+    same_on_all_ranks(all_state(model), "float16 state")
+    same_json_on_all_ranks(history, "float16 history")
+    assert float(lso.dynamic_scale.numpy()) == 512.0 == float(ref.optimizer.dynamic_scale.numpy())
+    assert int(lso.iterations) == STEPS - 1 == int(ref.optimizer.iterations)
+    assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+    assert_weights_close(model.get_weights(), ref.get_weights(), "float16 weights",
+                         rtol=1e-2, atol=1e-3)
+    assert not np.isfinite(history["loss"][0]) and not np.isfinite(expected["loss"][0])
 
 
 @case
