@@ -138,15 +138,17 @@ def _as_tensor(value):
     return tf.convert_to_tensor(value)
 
 
-def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None):
+def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None,
+                   compression=ddl_ops.Compression.none):
     """All-reduces a list of tensors across ranks.
 
     Floating tensors go in one grouped allreduce (one negotiation, fused), or,
     with ``overlap``, one allreduce each (or one per bucket of
     ``bucket_bytes``), so that inside a graph each starts as soon as its
     input exists (gradients overlap the backward pass; the engine still fuses
-    those that are ready in the same cycle). Unnamed: in a graph each op
-    takes its node name, eagerly the call order.
+    those that are ready in the same cycle). ``compression`` applies to the
+    floating tensors. Unnamed: in a graph each op is named after its traced
+    function and place in it, eagerly the call order.
     """
     reduce_op = _reduce_op(reduce_op)
     values = [_as_tensor(v) for v in values]
@@ -168,10 +170,11 @@ def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None):
     if floats:
         op = ddl_ops.Average if reduce_op == _MEAN else ddl_ops.Sum
         if len(floats) == 1:
-            out[floats[0]] = ddl_ops.allreduce(values[floats[0]], op=op)
+            out[floats[0]] = ddl_ops.allreduce(values[floats[0]], op=op,
+                                               compression=compression)
         else:
             reduced = reduce_tensors([values[i] for i in floats], op, overlap=overlap,
-                                     bucket_bytes=bucket_bytes)
+                                     bucket_bytes=bucket_bytes, compression=compression)
             for i, r in zip(floats, reduced):
                 out[i] = r
     if ints:
@@ -412,12 +415,14 @@ class _DDLReplicaContext(tf.distribute.ReplicaContext):
 class _DDLExtended(_ExtendedBase):
     """One local device per process; reductions go across processes."""
 
-    def __init__(self, container_strategy, device, overlap_gradients, bucket_bytes):
+    def __init__(self, container_strategy, device, overlap_gradients, bucket_bytes,
+                 compression=ddl_ops.Compression.none):
         super().__init__(container_strategy, device)
         self._rank = basics.rank()
         self._size = basics.size()
         self._overlap = overlap_gradients
         self._bucket_bytes = bucket_bytes
+        self._compression = compression
 
     # variables
 
@@ -453,7 +458,7 @@ class _DDLExtended(_ExtendedBase):
         if getattr(_presummed, "depth", 0):
             return [_as_tensor(v) for v in values]
         return _allreduce_all(values, reduce_op, overlap=self._overlap,
-                              bucket_bytes=self._bucket_bytes)
+                              bucket_bytes=self._bucket_bytes, compression=self._compression)
 
     def sum_gradients(self, grads):
         """Sums ``grads`` (``None`` entries stay) across ranks now, in the
@@ -462,7 +467,8 @@ class _DDLExtended(_ExtendedBase):
         grads = list(grads)
         present = [i for i, g in enumerate(grads) if g is not None]
         summed = _allreduce_all([grads[i] for i in present], _SUM, overlap=self._overlap,
-                                bucket_bytes=self._bucket_bytes)
+                                bucket_bytes=self._bucket_bytes,
+                                compression=self._compression)
         for i, s in zip(present, summed):
             grads[i] = s
         return grads
@@ -590,10 +596,13 @@ class DDLStrategy(tf.distribute.Strategy):
         number: gradients go in buckets of at most this many MB, filled from
         the last layer to the first, one grouped allreduce per bucket (which
         starts when its last gradient exists). Needs ``overlap_gradients``.
+      compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16``:
+        floating gradients travel in that 16-bit type and are cast back
+        (halves the bytes on the wire; the sum is rounded to 16 bits).
     """
 
     def __init__(self, device=None, rank_zero_callbacks=True, overlap_gradients=True,
-                 bucket_mb=None):
+                 bucket_mb=None, compression=ddl_ops.Compression.none):
         if _PRIVATE_IMPORT_ERROR is not None:
             raise ImportError(
                 f"keras_ddl.DDLStrategy needs TensorFlow internals missing from TensorFlow "
@@ -601,8 +610,12 @@ class DDLStrategy(tf.distribute.Strategy):
                 f"{_PRIVATE_IMPORT_ERROR}")
         _check_versions()
         overlap, bucket_bytes = check_overlap_args(overlap_gradients, bucket_mb, "DDLStrategy")
+        if not isinstance(compression, ddl_ops.Compression._Cast):
+            raise ValueError("keras_ddl: DDLStrategy(compression=...) must be "
+                             "ddl.Compression.none, .fp16 or .bf16, got " + repr(compression))
         basics.init()
-        super().__init__(_DDLExtended(self, device or _default_device(), overlap, bucket_bytes))
+        super().__init__(_DDLExtended(self, device or _default_device(), overlap, bucket_bytes,
+                                      compression))
         loss_scale.install()  # mixed_float16: ranks agree on skipping a step
         self.rank_zero_callbacks = bool(rank_zero_callbacks)
         if self.rank_zero_callbacks:

@@ -63,6 +63,12 @@ def parse(argv):
     fit.add_argument("--independent", action="store_true",
                      help="each rank trains plain Keras alone (no collectives): the "
                           "control for --scaling")
+    fit.add_argument("--ddl-only", action="store_true",
+                     help="time only the DDLStrategy model (no plain-Keras model beside it)")
+    fit.add_argument("--cluster", type=int, metavar="K",
+                     help="weak scaling across K network-namespace nodes x 1 rank vs 1 rank, "
+                          "overlap off/on x fp32/fp16 (root; do not start under mpiexec)")
+    fit.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
     fit.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if getattr(args, "reps", 1) < 1:
@@ -112,6 +118,9 @@ def main(argv=None):
     elif args.command == "allreduce":
         from . import allreduce
         allreduce.main(args)
+    elif args.command == "fit" and args.cluster:
+        from . import fit_cluster
+        fit_cluster.run(args)
     elif args.command == "fit":
         from . import fit
         fit.main(args)

@@ -152,8 +152,30 @@ class _StepClock:
         return float(np.median(steps[:, 0])), float(np.median(steps[:, 1]))
 
 
+def _pin_to_rank_core():
+    """DDL_BENCH_PIN_RANK=1: this rank runs on core (rank mod cores), set
+    before TensorFlow starts its threads (they inherit it). For launches
+    whose ranks the launcher cannot bind, e.g. one per namespace node."""
+    if os.environ.get("DDL_BENCH_PIN_RANK") != "1" or not hasattr(os, "sched_setaffinity"):
+        return
+    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
+COMPRESSION_ENV = "DDL_BENCH_FIT_COMPRESSION"
+
+
+def _compression(ddl):
+    value = os.environ.get(COMPRESSION_ENV, "none")
+    if value not in ("none", "fp16", "bf16"):
+        raise SystemExit(f"{COMPRESSION_ENV} must be none, fp16 or bf16, got {value!r}")
+    return getattr(ddl.Compression, value)
+
+
 def _measure(args):
     """Runs in every rank: {"plain": [...], "ddl": [...]} (wall, cpu) per step."""
+    _pin_to_rank_core()
     import tensorflow as tf
     # one core's worth of work per process; must precede any TensorFlow op
     # (`bench all` sets them before its first op and skips this)
@@ -170,10 +192,12 @@ def _measure(args):
     ddl.init()
     size, rank = ddl.size(), ddl.rank()
     overlap = _overlap_choice()
-    strategy = ddl.DDLStrategy() if overlap is None else \
-        ddl.DDLStrategy(overlap_gradients=overlap != "off")
+    compression = _compression(ddl)
+    strategy = ddl.DDLStrategy(compression=compression) if overlap is None else \
+        ddl.DDLStrategy(overlap_gradients=overlap != "off", compression=compression)
     keras.utils.set_random_seed(0)
-    plain = _compile(keras, _build(keras, args)) if size == 1 or args.independent else None
+    with_plain = (size == 1 and not getattr(args, "ddl_only", False)) or args.independent
+    plain = _compile(keras, _build(keras, args)) if with_plain else None
     with strategy.scope():
         distributed = _compile(keras, _build(keras, args))
     grouped = None

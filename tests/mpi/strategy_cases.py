@@ -455,6 +455,38 @@ def gradient_layouts_give_bitwise_identical_training():
 
 
 @case
+def fp16_compression_of_gradients():
+    # Gradients travel as float16: every rank ends with the same bits, close
+    # to one process in float32 (the sum is rounded to 16 bits).
+    x, y = data(seed=21)
+    seed_differently()
+    with strategy.scope():
+        w0 = mlp().get_weights()
+    compressed = ddl.DDLStrategy(compression=ddl.Compression.fp16)
+    with compressed.scope():
+        model = compile_model(mlp())
+    model.set_weights(w0)
+    model.fit(dataset(x, y), epochs=1, verbose=0)
+    same_on_all_ranks(all_state(model), "state with fp16 gradients")
+    ref = reference_model(mlp, w0)
+    ref.fit(dataset(x, y), epochs=1, verbose=0)
+    for got, want in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+    # Were they really rounded to 16 bits? The float32 run differs in bits.
+    with strategy.scope():
+        full = compile_model(mlp())
+    full.set_weights(w0)
+    full.fit(dataset(x, y), epochs=1, verbose=0)
+    assert digest(all_state(full)) != digest(all_state(model)), "fp16 changed nothing"
+    try:
+        ddl.DDLStrategy(compression="fp16")
+    except ValueError as e:
+        assert "compression" in str(e), e
+    else:
+        raise AssertionError("a string compression was accepted")
+
+
+@case
 def mixed_float16_overflow_on_one_rank_is_skipped_everywhere():
     # compile() wraps SGD in a LossScaleOptimizer. The last rank's rows of the
     # first global batch overflow float16: the gradients are summed before

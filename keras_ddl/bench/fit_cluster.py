@@ -1,0 +1,84 @@
+"""Weak scaling across a network: ``model.fit`` with DDLStrategy on 2 nodes
+x 1 rank of a namespace cluster (keras_ddl.cluster, links capped at
+``--rate``) against the same program on 1 rank, same per-rank batch, one
+core and one TensorFlow thread per rank (each rank pins itself to the core
+of its rank number). Four layouts: gradient overlap off / on, float32 /
+fp16 on the wire, so the table shows what hides behind the backward pass.
+
+    python -m keras_ddl.bench fit --cluster 2 --rate 1gbit --model resnet50 \\
+        --image-size 128 --batch 8 --steps 6 --reps 2
+
+``efficiency`` = 1-rank step time / 2-rank step time (medians over the
+fits' steps, first step of each fit left out, then over launches).
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from ..cluster import MPI_ENV, NetnsCluster
+
+LAYOUTS = [("off", "none"), ("on", "none"), ("off", "fp16"), ("on", "fp16")]
+
+
+def _launch(cluster, nodes, args, env_extra, path):
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        mpiexec = "mpiexec"
+    argv = [mpiexec, *cluster.mpiexec_args(1), "-n", str(nodes), sys.executable, "-m",
+            "keras_ddl.bench", "fit", "--batch", str(args.batch), "--steps", str(args.steps),
+            "--reps", str(args.reps), "--threads", str(args.threads), "--json", path,
+            "--model", args.model, "--ddl-only"]
+    if args.image_size:
+        argv += ["--image-size", str(args.image_size)]
+    env = dict(os.environ, **MPI_ENV, **env_extra, DDL_BENCH_PIN_RANK="1",
+               TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def run(args):
+    nodes = args.cluster
+    if nodes < 2:
+        raise SystemExit("--cluster takes the number of nodes (>= 2), one rank each")
+    steps = {"1": []}
+    identical = {}
+    with NetnsCluster(nodes, args.rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(args.rounds):
+            path = os.path.join(tmp, f"one.{rnd}.json")
+            # The 1-rank run is the same DDLStrategy program on node1 alone.
+            steps["1"] += _launch(cluster, 1, args, {"DDL_BENCH_FIT_OVERLAP": "on"},
+                                  path)["step_s"]["ddl"]
+            for overlap, compression in LAYOUTS:
+                key = f"{overlap}/{compression}"
+                path = os.path.join(tmp, f"{overlap}.{compression}.{rnd}.json")
+                result = _launch(cluster, nodes, args,
+                                 {"DDL_BENCH_FIT_OVERLAP": overlap,
+                                  "DDL_BENCH_FIT_COMPRESSION": compression}, path)
+                steps.setdefault(key, []).extend(result["step_s"]["ddl"])
+                identical[key] = identical.get(key, True) and bool(result["identical"])
+    one = statistics.median(s[0] for s in steps["1"])
+    rows = []
+    for overlap, compression in LAYOUTS:
+        key = f"{overlap}/{compression}"
+        many = statistics.median(s[0] for s in steps[key])
+        rows.append({"overlap": overlap, "wire": "fp32" if compression == "none" else compression,
+                     "1rank_ms": one * 1e3, f"{nodes}x1_ms": many * 1e3,
+                     "efficiency": one / many, "identical": "yes" if identical[key] else "NO"})
+    title = (f"weak scaling across {nodes} nodes x 1 rank, links {args.rate} each way "
+             f"(network namespaces, MPI over TCP): DDLStrategy, {args.model}"
+             f"{' ' + str(args.image_size) + ' px' if args.image_size else ''}, batch "
+             f"{args.batch} per rank, {args.threads} TF thread(s), one core per rank; "
+             f"{args.rounds} round(s) x {args.reps} fit(s) x {args.steps} steps")
+    from .fit import _print_rows
+    _print_rows(title, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "step_s": steps}, f, indent=2)
