@@ -18,6 +18,7 @@ Addresses come from 198.18.0.0/15, the range reserved for benchmarking
 
 import ipaddress
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -31,6 +32,8 @@ BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 MPI_ENV = {"UCX_TLS": "tcp,self"}
 
 RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+# Namespaces this module makes: cluster name (kd + 5 hex digits), -n, node.
+OUR_NAMESPACE = re.compile(r"^(kd[0-9a-f]{5})-n[0-9]+$")
 
 
 class ClusterError(RuntimeError):
@@ -293,6 +296,6 @@ def remove_stale_clusters():
             _teardown(name)
     # Namespaces of ours without a state directory (killed mid-build).
     for ns in _list_namespaces():
-        prefix = ns.split("-n")[0]
-        if ns.startswith("kd") and "-n" in ns and prefix not in known:
-            _teardown(prefix)
+        match = OUR_NAMESPACE.match(ns)
+        if match and match.group(1) not in known:
+            _teardown(match.group(1))
