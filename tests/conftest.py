@@ -35,9 +35,9 @@ def launch_env(extra=None):
     return env
 
 
-def run_mpi(nprocs, script, args=(), env=None, timeout=300):
-    """Runs ``python script args`` on nprocs ranks; returns CompletedProcess."""
-    argv = [mpiexec_path(), "-n", str(nprocs), sys.executable, script, *args]
+def _launch(argv, env, timeout):
+    """Runs a launcher command line; a launch that overruns fails the test
+    with what it printed."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               env=launch_env(env), cwd=TESTS_DIR)
@@ -46,6 +46,12 @@ def run_mpi(nprocs, script, args=(), env=None, timeout=300):
             return (data or b"").decode(errors="replace") if isinstance(data, bytes) else data
         pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n"
                     f"stdout:\n{text(e.stdout)[-4000:]}\nstderr:\n{text(e.stderr)[-4000:]}")
+
+
+def run_mpi(nprocs, script, args=(), env=None, timeout=300):
+    """Runs ``python script args`` on nprocs ranks; returns CompletedProcess."""
+    return _launch([mpiexec_path(), "-n", str(nprocs), sys.executable, script, *args], env,
+                   timeout)
 
 
 def parse_cases(proc):
@@ -153,14 +159,7 @@ def run_on_cluster(cluster, ranks_per_node, script, args=(), env=None, timeout=3
     argv = [mpiexec_path(), *cluster.mpiexec_args(ranks_per_node), "-n", str(nprocs),
             sys.executable, script, *args]
     before = cluster.link_bytes()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=launch_env(dict(MPI_ENV, **(env or {}))), cwd=TESTS_DIR)
-    except subprocess.TimeoutExpired as e:
-        def text(data):
-            return (data or b"").decode(errors="replace") if isinstance(data, bytes) else data
-        pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n"
-                    f"stdout:\n{text(e.stdout)[-4000:]}\nstderr:\n{text(e.stderr)[-4000:]}")
+    proc = _launch(argv, dict(MPI_ENV, **(env or {})), timeout)
     after = cluster.link_bytes()
     moved = [(s1 - s0, r1 - r0) for (s0, r0), (s1, r1) in zip(before, after)]
     return proc, moved

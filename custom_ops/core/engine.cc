@@ -50,8 +50,7 @@ void Engine::AbortOnDataPathFailure(const std::exception& e) {
   }
   std::sort(peers.begin(), peers.end());
   if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(peers);
-  std::string names;
-  for (int p : peers) names += (names.empty() ? "" : ", ") + std::to_string(p);
+  const std::string names = RankList(peers);
   // The wall-clock time, since this line may reach the launcher late
   // (over the very link that failed).
   const auto now = std::chrono::system_clock::now().time_since_epoch();

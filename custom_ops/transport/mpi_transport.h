@@ -40,8 +40,8 @@ class MpiTransport : public Transport {
   void BroadcastBytes(std::vector<char>& data, int root);
   std::vector<int64_t> AllgatherInt64(int64_t mine);
   // Data collectives used by algorithms that map 1:1 onto MPI. Both move
-  // large buffers as a pipeline of bounded pieces (kCollectivePieceBytes,
-  // a few in flight), so a slow link shows progress piece by piece.
+  // large buffers as a pipeline of bounded pieces (kMaxMessageBytes,
+  // kPiecesInFlight at a time), so a slow link shows progress piece by piece.
   void Broadcast(void* data, size_t bytes, int root);
   void AllgatherV(const void* mine, size_t my_bytes, void* out,
                   const std::vector<size_t>& bytes_per_rank);
@@ -74,8 +74,8 @@ class MpiTransport : public Transport {
   int size_ = 1;
   std::vector<int> world_ranks_;
   double peer_timeout_s_ = 0;
-  // When a message of this transport last completed (or a wait began
-  // with none in flight): the clock of the peer timeout.
+  // When a message of this transport last completed, or a wait began
+  // after half a timeout without one: the clock of the peer timeout.
   std::chrono::steady_clock::time_point last_progress_;
   std::vector<MPI_Request> requests_;
   std::vector<int> peers_;  // peer of each in-flight handle

@@ -75,9 +75,8 @@ void ShmArena::ThrowTimeout(int r) const {
         const int field = static_cast<int>((note >> (16 * i)) & 0xffff);
         if (field != 0) lost.push_back(field - 1);
       }
-      std::string names;
-      for (int p : lost) names += (names.empty() ? "" : ", ") + std::to_string(p);
-      throw PeerTimeout(silence + ", which lost contact with rank(s) [" + names + "]", lost);
+      throw PeerTimeout(silence + ", which lost contact with rank(s) [" + RankList(lost) + "]",
+                        lost);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

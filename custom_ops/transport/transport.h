@@ -29,6 +29,13 @@ class Transport {
   virtual size_t MaxMessageBytes() const = 0;
 };
 
+// "2, 3, 5": ranks for an error message.
+inline std::string RankList(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+  return text;
+}
+
 class TransportError : public std::exception {
  public:
   explicit TransportError(std::string message) : message_(std::move(message)) {}

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-from ..cluster import MPI_ENV, NetnsCluster, parse_rate
+from ..cluster import MPI_ENV, NetnsCluster, find_mpiexec, parse_rate
+from .fit import _print_rows
 
 ALGORITHMS = ("auto", "hierarchical", "flat")
 
@@ -42,10 +43,7 @@ def link_bound_s(nbytes, nodes, rate_bps):
 
 
 def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path):
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(mpiexec):
-        mpiexec = "mpiexec"
-    argv = [mpiexec, *cluster.mpiexec_args(per_node), "-n", str(cluster.nodes * per_node),
+    argv = [find_mpiexec(), *cluster.mpiexec_args(per_node), "-n", str(cluster.nodes * per_node),
             sys.executable, "-m", "keras_ddl.bench", "allreduce", "--sizes",
             ",".join(map(str, sizes)), "--reps", str(args.reps), "--skip-resnet",
             "--json", json_path]
@@ -106,25 +104,13 @@ def run(args, sizes, human_bytes):
              f"launch(es) of the median of {args.reps} interleaved repetitions; X/mpi = MPICH "
              f"time / X time in the same launch; fp16 = {algorithms[0]} with "
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
-    _print(title, columns, table)
+    _print_rows(title, [{c: row.get(c, "-") for c in columns} for row in table])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
                        "rows": table, "raw": runs}, f, indent=2)
     if args.plot:
         _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)
-
-
-def _print(title, columns, rows):
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
-        return str(v)
-    widths = {c: max(len(c), *(len(fmt(r.get(c, "-"))) for r in rows)) for c in columns}
-    print(f"# {title}")
-    print("  ".join(c.rjust(widths[c]) for c in columns))
-    for r in rows:
-        print("  ".join(fmt(r.get(c, "-")).rjust(widths[c]) for c in columns), flush=True)
 
 
 def _plot(path, table, sizes, algorithms, nodes, per_node, rate, human_bytes):

@@ -19,16 +19,14 @@ import subprocess
 import sys
 import tempfile
 
-from ..cluster import MPI_ENV, NetnsCluster
+from ..cluster import MPI_ENV, NetnsCluster, find_mpiexec
+from .fit import _print_rows
 
 LAYOUTS = [("off", "none"), ("on", "none"), ("off", "fp16"), ("on", "fp16")]
 
 
 def _launch(cluster, nodes, args, env_extra, path):
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(mpiexec):
-        mpiexec = "mpiexec"
-    argv = [mpiexec, *cluster.mpiexec_args(1), "-n", str(nodes), sys.executable, "-m",
+    argv = [find_mpiexec(), *cluster.mpiexec_args(1), "-n", str(nodes), sys.executable, "-m",
             "keras_ddl.bench", "fit", "--batch", str(args.batch), "--steps", str(args.steps),
             "--reps", str(args.reps), "--threads", str(args.threads), "--json", path,
             "--model", args.model, "--ddl-only"]
@@ -77,7 +75,6 @@ def run(args):
              f"{' ' + str(args.image_size) + ' px' if args.image_size else ''}, batch "
              f"{args.batch} per rank, {args.threads} TF thread(s), one core per rank; "
              f"{args.rounds} round(s) x {args.reps} fit(s) x {args.steps} steps")
-    from .fit import _print_rows
     _print_rows(title, rows)
     if args.json:
         with open(args.json, "w") as f:

@@ -11,12 +11,7 @@ import os
 import subprocess
 import sys
 
-from .netns import MPI_ENV, ClusterError, NetnsCluster, remove_stale_clusters
-
-
-def find_mpiexec():
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return beside if os.path.exists(beside) else "mpiexec"
+from .netns import MPI_ENV, ClusterError, NetnsCluster, find_mpiexec, remove_stale_clusters
 
 
 def main(argv=None):
@@ -37,8 +32,9 @@ def main(argv=None):
     if not command:
         p.error("run: no command given")
     try:
+        mpiexec = find_mpiexec()
         with NetnsCluster(args.nodes, args.rate) as cluster:
-            argv = [find_mpiexec(), *cluster.mpiexec_args(args.ranks_per_node),
+            argv = [mpiexec, *cluster.mpiexec_args(args.ranks_per_node),
                     "-n", str(args.nodes * args.ranks_per_node), *command]
             print("+", " ".join(argv), flush=True)
             before = cluster.link_bytes()

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 
 STATE_ROOT = "/run/keras_ddl_cluster"
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
@@ -53,6 +54,18 @@ def parse_rate(text):
                 return value * scale
     raise ClusterError(f"rate={text!r}: expected a positive number with kbit, mbit or gbit "
                        "(e.g. 100mbit, 1gbit)")
+
+
+def find_mpiexec():
+    """The mpiexec beside this Python (the mpich wheel's), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(beside):
+        return beside
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise ClusterError("mpiexec not found: install the mpich wheel or put your MPI's bin/ "
+                           "on PATH")
+    return found
 
 
 def missing_requirements():
