@@ -17,6 +17,50 @@ import os as _os
 # TF_CPU_ALLOCATOR_USE_BFC=false.
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
+
+def _installed_copy_if_unbuilt():
+    """The directory of an installed, built keras_ddl when this one has no
+    compiled libraries, else None.
+
+    Python puts the current directory first on ``sys.path``, so ``python -m
+    keras_ddl.bench`` or ``python -c "import keras_ddl"`` run from the
+    repository root import the source tree, which has no libraries unless
+    it was built in place (``python setup.py build_ext --inplace``). The
+    package then takes its submodules, and their libraries, from the copy
+    ``pip install .`` put in site-packages.
+    """
+    import sys
+    from importlib.machinery import PathFinder
+
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    if _os.path.exists(_os.path.join(here, "build_info.json")):
+        return None
+    parent = _os.path.dirname(here)
+    entries = [e for e in sys.path if _os.path.abspath(e or ".") != parent]
+    candidates = [PathFinder.find_spec(__name__, entries)]
+    for finder in sys.meta_path:  # editable installs register a finder here
+        if finder is not PathFinder and hasattr(finder, "find_spec"):
+            try:
+                candidates.append(finder.find_spec(__name__, None))
+            except Exception:  # a third-party finder; it does not know us
+                pass
+    for spec in candidates:
+        for location in (spec and spec.submodule_search_locations) or ():
+            if (_os.path.abspath(location) != here
+                    and _os.path.exists(_os.path.join(location, "build_info.json"))):
+                return _os.path.abspath(location)
+    return None
+
+
+_installed = _installed_copy_if_unbuilt()
+if _installed is not None:
+    import warnings as _warnings
+
+    __path__[:] = [_installed]
+    _warnings.warn(f"keras_ddl: {_os.path.dirname(_os.path.abspath(__file__))} (the source "
+                   f"tree) has no compiled libraries; using the installed keras_ddl at "
+                   f"{_installed}", RuntimeWarning, stacklevel=2)
+
 from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initialized,
                      local_rank, local_size, rank, shutdown, size, timeline_mark, traffic)
 

@@ -34,6 +34,14 @@ Product = ReduceOp.Product
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
                     tf.int32, tf.int64, tf.uint8, tf.int8)
 
+# Dtypes that broadcast and allgather carry as a supported dtype of the same
+# width: they only move bytes, so the bits arrive unchanged (bool goes as
+# uint8, since TensorFlow cannot bitcast it). Reductions stay on
+# SUPPORTED_DTYPES: a sum of reinterpreted bits would be wrong.
+CARRIED_AS = {tf.bool: tf.uint8, tf.int16: tf.float16, tf.uint16: tf.float16,
+              tf.uint32: tf.int32, tf.uint64: tf.int64}
+MOVABLE_DTYPES = SUPPORTED_DTYPES + tuple(CARRIED_AS)
+
 _lib = None
 _lib_lock = threading.Lock()
 _eager_names = itertools.count()
@@ -74,12 +82,27 @@ def _check_tensor(tensor, argument, op=None):
             f"keras_ddl: {argument} has dtype {tensor.dtype.name}, which is not supported "
             f"(supported: {', '.join(d.name for d in SUPPORTED_DTYPES)}) on rank {basics.rank()}")
     if op is not None:
-        op = ReduceOp(op)
-        if op == Average and not (tensor.dtype.is_floating):
-            raise ValueError(
-                f"keras_ddl: op=Average is not defined for integer dtype {tensor.dtype.name} "
-                f"of {argument} ({_label(tensor)}) on rank {basics.rank()}: it would silently "
-                "floor. Use op=Sum and divide, or cast to a float dtype.")
+        # Only the value is checked here. Whether the op suits the dtype
+        # (Average of integers) is checked in negotiation, so a rank whose
+        # dtype differs from the others' fails together with them instead
+        # of alone while they wait.
+        ReduceOp(op)
+
+
+def _to_wire(tensor):
+    """(tensor as it travels, its own dtype to restore, or None)."""
+    wire = CARRIED_AS.get(tensor.dtype)
+    if wire is None:
+        return tensor, None
+    if tensor.dtype == tf.bool:
+        return tf.cast(tensor, wire), tf.bool
+    return tf.bitcast(tensor, wire), tensor.dtype
+
+
+def _from_wire(tensor, dtype):
+    if dtype is None:
+        return tensor
+    return tf.cast(tensor, dtype) if dtype == tf.bool else tf.bitcast(tensor, dtype)
 
 
 def _to_tensor(value, argument):
@@ -98,8 +121,13 @@ _graph_names = weakref.WeakKeyDictionary()
 _graph_order = itertools.count()
 
 
-def _name_input(name, kind):
+def _name_input(name, kind, carried=None):
     """The op's tensor_name input.
+
+    ``carried``: the dtype of a tensor that travels as another (CARRIED_AS);
+    its name is appended, so a rank sending int16 and one sending float16
+    under one name do not pair silently (the name differs: they stall and
+    are reported).
 
     Eager calls without a name get a process-wide counter (every rank makes
     the same eager calls in the same order). Inside a traced function an
@@ -118,6 +146,8 @@ def _name_input(name, kind):
             if entry is None:
                 entry = _graph_names[graph] = (next(_graph_order), itertools.count())
             name = f"graph{entry[0]}.{kind}.{next(entry[1])}"
+    if carried is not None:
+        name = f"{name}.{carried.name}"
     return tf.constant(name, dtype=tf.string)
 
 
@@ -199,18 +229,19 @@ def allgather(tensor, name=None):
     The first dimension may differ between ranks; the others must match.
     A scalar is gathered as a vector of ``size()`` elements.
     """
-    tensor = _to_tensor(tensor, "tensor")
+    tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
     _check_tensor(tensor, "tensor")
-    return op_library().ddl_allgather(tensor, _name_input(name, "allgather"))
+    return _from_wire(op_library().ddl_allgather(tensor, _name_input(name, "allgather", dtype)),
+                      dtype)
 
 
 def broadcast(tensor, root_rank=0, name=None):
     """Returns ``root_rank``'s ``tensor`` on every rank."""
-    tensor = _to_tensor(tensor, "tensor")
+    tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
     _check_tensor(tensor, "tensor")
     _check_root(root_rank)
-    return op_library().ddl_broadcast(tensor, _name_input(name, "broadcast"),
-                                      root_rank=int(root_rank))
+    return _from_wire(op_library().ddl_broadcast(tensor, _name_input(name, "broadcast", dtype),
+                                                 root_rank=int(root_rank)), dtype)
 
 
 def reducescatter(tensor, op=Sum, name=None):
@@ -221,9 +252,6 @@ def reducescatter(tensor, op=Sum, name=None):
     """
     tensor = _to_tensor(tensor, "tensor")
     _check_tensor(tensor, "tensor", op)
-    if tensor.shape.rank == 0:
-        raise ValueError(f"keras_ddl: reducescatter needs a tensor of rank >= 1, got a scalar "
-                         f"on rank {basics.rank()}")
     return op_library().ddl_reducescatter(tensor, _name_input(name, "reducescatter"),
                                           reduce_op=int(op))
 
@@ -234,11 +262,10 @@ def barrier(name=None):
 
 
 def _check_root(root_rank):
+    # Its range is checked in negotiation, where every rank gets the error.
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
-        raise TypeError(f"keras_ddl: root_rank must be an int, got {root_rank!r}")
-    if not 0 <= root_rank < basics.size():
-        raise ValueError(f"keras_ddl: root_rank={root_rank} is outside [0, {basics.size()}) "
-                         f"on rank {basics.rank()}")
+        raise TypeError(f"keras_ddl: root_rank must be an int, got {root_rank!r} "
+                        f"on rank {basics.rank()}")
 
 
 _broadcast_calls = itertools.count()

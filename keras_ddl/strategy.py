@@ -76,10 +76,9 @@ except ImportError as _error:  # an untested TensorFlow reorganised its modules
 
 _SUM = tf.distribute.ReduceOp.SUM
 _MEAN = tf.distribute.ReduceOp.MEAN
-_BROADCASTABLE = frozenset(ddl_ops.SUPPORTED_DTYPES)
+_REDUCIBLE = frozenset(ddl_ops.SUPPORTED_DTYPES)
 # Dtypes the broadcast op does not take, moved as same-width supported ones.
-_BITCAST_FOR_BROADCAST = {tf.uint32: tf.int32, tf.uint64: tf.int64, tf.int16: tf.float16,
-                          tf.uint16: tf.float16}
+_MOVABLE = frozenset(ddl_ops.MOVABLE_DTYPES)
 
 _variable_numbers = itertools.count()
 _presummed = threading.local()  # see _DDLExtended.gradients_already_summed
@@ -162,7 +161,7 @@ def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None,
             out[i] = ddl_ops.allreduce(v, op=op)
         elif v.dtype.is_floating:
             floats.append(i)
-        elif v.dtype in _BROADCASTABLE:
+        elif v.dtype in _REDUCIBLE:
             ints.append(i)
         else:
             raise TypeError(f"keras_ddl: DDLStrategy cannot reduce a {v.dtype.name} tensor "
@@ -188,13 +187,8 @@ def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None,
 def _broadcast_any(value, name):
     """Rank 0's ``value`` on every rank, for any dtype a variable can have."""
     dtype = value.dtype
-    if dtype in _BROADCASTABLE:
+    if dtype in _MOVABLE:
         return ddl_ops.broadcast(value, 0, name=name)
-    if dtype == tf.bool:
-        return tf.cast(ddl_ops.broadcast(tf.cast(value, tf.uint8), 0, name=name), tf.bool)
-    if dtype in _BITCAST_FOR_BROADCAST:
-        wire = _BITCAST_FOR_BROADCAST[dtype]
-        return tf.bitcast(ddl_ops.broadcast(tf.bitcast(value, wire), 0, name=name), dtype)
     _warn_once(("broadcast", dtype.name),
                f"keras_ddl: variables of dtype {dtype.name} are not broadcast from rank 0 "
                "(no wire format); make sure every rank initialises them identically.")
@@ -271,7 +265,7 @@ def _sync_mode(variable, optimizer_slot):
     dtype = tf.as_dtype(variable.dtype)
     aggregation = variable.aggregation
     if variable.synchronization == tf.VariableSynchronization.ON_READ:
-        if dtype not in _BROADCASTABLE or aggregation == tf.VariableAggregation.NONE:
+        if dtype not in _REDUCIBLE or aggregation == tf.VariableAggregation.NONE:
             return None
         if aggregation == tf.VariableAggregation.MEAN:
             return "mean" if dtype.is_floating else None
@@ -677,12 +671,7 @@ def _gather_rows(array):
     if basics.size() == 1:
         return array, [len(array)]
     counts = ddl_ops.allgather(tf.constant([len(array)], tf.int64)).numpy().tolist()
-    dtype = tf.as_dtype(array.dtype)
-    if dtype == tf.bool:
-        gathered = ddl_ops.allgather(tf.constant(array.astype(np.uint8))).numpy().astype(bool)
-    else:
-        gathered = ddl_ops.allgather(tf.constant(array)).numpy()
-    return gathered, counts
+    return ddl_ops.allgather(tf.constant(array)).numpy(), counts
 
 
 def _global_order(counts, batch_size):

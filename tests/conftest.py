@@ -167,13 +167,14 @@ def run_on_cluster(cluster, ranks_per_node, script, args=(), env=None, timeout=3
 
 class ClusterCaseRun(CaseRun):
     """A case script launched on the test cluster; ``link_bytes`` holds what
-    each node's link carried during the launch."""
+    each node's link carried during the launch, and every rank prints its
+    traffic counters after the cases (``DDLTRAFFIC`` lines, tests/mpi/harness.py)."""
 
     def __init__(self, cluster, ranks_per_node, script, env=None, timeout=400, cases=()):
         self.nprocs = ranks_per_node * cluster.nodes
         self.proc, self.link_bytes = run_on_cluster(
-            cluster, ranks_per_node, os.path.join(MPI_DIR, script), args=cases, env=env,
-            timeout=timeout)
+            cluster, ranks_per_node, os.path.join(MPI_DIR, script), args=cases,
+            env=dict(env or {}, DDL_TEST_REPORT_TRAFFIC="1"), timeout=timeout)
         self.results = parse_cases(self.proc)
 
 

@@ -27,29 +27,44 @@ ALLREDUCE_CASES = [
     "allreduce_scalars_empty_and_shapes", "allreduce_is_bitwise_identical_on_every_rank",
     "sum_order_is_fixed_whatever_the_fusion", "grouped_allreduce_200_tensors_mixed",
     "out_of_order_submission_in_tf_function", "mismatched_shape_dtype_op_error_on_every_rank",
-    "compression_fp16_and_bf16", "report_traffic"]
+    "compression_fp16_and_bf16"]
+# Training across nodes, with gradients overlapping the backward pass (the
+# default): equal to one process on the global batch, bitwise the same in
+# every gradient layout, and a one-rank overflow skipped on every rank.
+KERAS_CASES = [
+    "fit_sgd_momentum_matches_single_process", "fit_lars_matches_single_process",
+    "gradient_layouts_are_bitwise_identical_and_overlap",
+    "mixed_float16_overflow_on_one_rank_is_skipped_everywhere",
+    "gradient_tape_averages_in_eager_and_graph"]
+STRATEGY_CASES = [
+    "fit_evaluate_predict_match_one_process_on_the_global_batch",
+    "gradient_layouts_give_bitwise_identical_training",
+    "mixed_float16_overflow_on_one_rank_is_skipped_everywhere"]
 
-# name: (nodes, ranks per node, environment, cases). Every collective with
-# the automatic choice at 2 nodes x 2 ranks (hierarchical) and 3 x 1 (flat);
-# the allreduce contract again with the other algorithm forced on each.
+# name: (nodes, ranks per node, environment, script, cases). Every
+# collective with the automatic choice at 2 nodes x 2 ranks (hierarchical)
+# and 3 x 1 (flat); the allreduce contract again with the other algorithm
+# forced on each; training through DistributedOptimizer and DDLStrategy.
 LAUNCHES = {
-    "2x2-auto": (2, 2, {}, EVERY_CASE),
-    "3x1-auto": (3, 1, {}, EVERY_CASE),
-    "2x2-flat": (2, 2, {"DDL_ALLREDUCE": "flat"}, ALLREDUCE_CASES),
-    "3x1-hierarchical": (3, 1, {"DDL_ALLREDUCE": "hierarchical"}, ALLREDUCE_CASES),
+    "2x2-auto": (2, 2, {}, SCRIPT, EVERY_CASE),
+    "3x1-auto": (3, 1, {}, SCRIPT, EVERY_CASE),
+    "2x2-flat": (2, 2, {"DDL_ALLREDUCE": "flat"}, SCRIPT, ALLREDUCE_CASES),
+    "3x1-hierarchical": (3, 1, {"DDL_ALLREDUCE": "hierarchical"}, SCRIPT, ALLREDUCE_CASES),
+    "2x2-keras": (2, 2, {}, "keras_cases.py", KERAS_CASES),
+    "2x1-strategy": (2, 1, {}, "strategy_cases.py", STRATEGY_CASES),
 }
 
 
 def launch(name):
-    nodes, per_node, env, cases = LAUNCHES[name]
+    nodes, per_node, env, script, cases = LAUNCHES[name]
     # DDL_LOCAL_SIZE is not set: the nodes are found by MPI_COMM_TYPE_SHARED.
     env = dict(env, DDL_EXPECT_LOCAL_SIZE=str(per_node))
-    return shared_cluster_launch(nodes, per_node, SCRIPT, env=env, cases=cases)
+    return shared_cluster_launch(nodes, per_node, script, env=env, cases=cases)
 
 
 @pytest.mark.parametrize("launch_name, case",
-                         [(n, c) for n, (_, _, _, cases) in LAUNCHES.items() for c in cases])
-def test_collectives_across_nodes(launch_name, case):
+                         [(n, c) for n, (_, _, _, _, cases) in LAUNCHES.items() for c in cases])
+def test_across_nodes(launch_name, case):
     launch(launch_name).check(case)
 
 
@@ -62,7 +77,7 @@ def traffic_records(run):
 def test_cross_node_bytes_went_over_the_links(launch_name):
     run = launch(launch_name)
     run.check_clean_exit()
-    nodes, per_node, _, _ = LAUNCHES[launch_name]
+    nodes, per_node, _, _, _ = LAUNCHES[launch_name]
     records = traffic_records(run)
     assert len(records) == nodes * per_node, run.proc.stdout[-2000:]
     hosts = {r["host"] for r in records}

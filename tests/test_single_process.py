@@ -1,6 +1,10 @@
 """keras_ddl in this very process, with no launcher: a world of size 1."""
 
 import ctypes
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -74,3 +78,26 @@ def test_16_bit_conversions_round_like_numpy(dtype, to16, from16):
     assert getattr(lib, to16)(float("nan")) & 0x7fff > (0x7c00 if dtype == np.float16 else 0x7f80)
     back = np.array([getattr(lib, from16)(int(b)) for b in expected], dtype=np.float32)
     np.testing.assert_array_equal(back, reference)
+
+
+def test_an_unbuilt_source_tree_first_on_sys_path_uses_the_installed_copy(tmp_path):
+    # What `python -c "import keras_ddl"` from the repository root does after
+    # `pip install .`: the current directory (a tree without libraries)
+    # comes first on sys.path.
+    tree = tmp_path / "keras_ddl"
+    shutil.copytree(os.path.dirname(ddl.__file__), tree,
+                    ignore=shutil.ignore_patterns("*.so", "build_info.json", "__pycache__"))
+    script = ("import warnings; warnings.simplefilter('always')\n"
+              "import keras_ddl, keras_ddl.basics as b\n"
+              "keras_ddl.init()\n"
+              "print('LIB', b.CORE_LIBRARY)\n"
+              "print('SUM', keras_ddl.allreduce([1.0, 2.0], op=keras_ddl.Sum).numpy().tolist())\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    installed = os.path.dirname(os.path.realpath(basics.CORE_LIBRARY))
+    lib = proc.stdout.split("LIB ", 1)[1].split()[0]
+    assert os.path.dirname(os.path.realpath(lib)) == installed, (lib, installed)
+    assert "SUM [1.0, 2.0]" in proc.stdout, proc.stdout
+    assert f"{tree} (the source tree) has no compiled libraries" in proc.stderr, proc.stderr

@@ -95,6 +95,24 @@ void Coordinator::CheckStalls(Clock::time_point now) {
   }
 }
 
+std::string Coordinator::Refusal(const Request& r) const {
+  // Checked here, not by the caller, so every rank gets the error in the
+  // same cycle and none is left waiting for a collective another refused.
+  const bool reduces =
+      r.collective == Collective::kAllreduce || r.collective == Collective::kReducescatter;
+  if (reduces && r.op == ReduceOp::kAverage && !IsFloating(r.dtype)) {
+    return std::string("op=Average is not defined for integer dtype ") + DataTypeName(r.dtype) +
+           " (it would silently floor); use op=Sum and divide, or a float dtype";
+  }
+  if (r.collective == Collective::kReducescatter && r.shape.empty()) {
+    return "reducescatter needs a tensor of rank >= 1, got a scalar";
+  }
+  if (r.collective == Collective::kBroadcast && (r.root < 0 || r.root >= size_)) {
+    return "root_rank=" + std::to_string(r.root) + " is outside [0, " + std::to_string(size_) + ")";
+  }
+  return "";
+}
+
 ResponseList Coordinator::Respond() {
   ResponseList out;
   out.evictions = std::move(evictions_);
@@ -106,11 +124,15 @@ ResponseList Coordinator::Respond() {
     for (int r = 1; r < size_ && mismatch.empty(); ++r) {
       if (!first.Compatible(offers.by_rank[r])) mismatch = first.Difference(offers.by_rank[r]);
     }
-    if (mismatch.empty()) {
-      out.ready.push_back(name);
-    } else {
+    const std::string refusal = mismatch.empty() ? Refusal(first) : "";
+    if (!mismatch.empty()) {
       out.errors.emplace_back(name, "Mismatched " + std::string(CollectiveName(first.collective)) +
                                         " for tensor '" + name + "': " + mismatch);
+    } else if (!refusal.empty()) {
+      out.errors.emplace_back(name, std::string(CollectiveName(first.collective)) +
+                                        " of tensor '" + name + "': " + refusal);
+    } else {
+      out.ready.push_back(name);
     }
     table_.erase(name);
   }

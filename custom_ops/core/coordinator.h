@@ -43,6 +43,8 @@ class Coordinator {
   // Names complete on every rank (in completion order), mismatches,
   // evictions, and the stall verdict if there is one.
   ResponseList Respond();
+  // Why a request agreed by every rank cannot run ("" if it can).
+  std::string Refusal(const Request& r) const;
 
  private:
   struct Offers {

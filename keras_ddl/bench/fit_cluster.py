@@ -9,7 +9,10 @@ fp16 on the wire, so the table shows what hides behind the backward pass.
         --image-size 128 --batch 8 --steps 6 --reps 2
 
 ``efficiency`` = 1-rank step time / 2-rank step time (medians over the
-fits' steps, first step of each fit left out, then over launches).
+fits' steps, first step of each fit left out, then over launches). A
+second table reads rank 0's DDL_TIMELINE trace of the first round of each
+layout (keras_ddl.bench.timeline_overlap): how much allreduce time fell
+inside the backward pass and how much the step waited for after it.
 """
 
 import json
@@ -20,6 +23,7 @@ import sys
 import tempfile
 
 from ..cluster import MPI_ENV, NetnsCluster, find_mpiexec
+from . import timeline_overlap
 from .fit import _print_rows
 
 LAYOUTS = [("off", "none"), ("on", "none"), ("off", "fp16"), ("on", "fp16")]
@@ -47,7 +51,7 @@ def run(args):
     if nodes < 2:
         raise SystemExit("--cluster takes the number of nodes (>= 2), one rank each")
     steps = {"1": []}
-    identical = {}
+    identical, traces = {}, {}
     with NetnsCluster(nodes, args.rate) as cluster, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             path = os.path.join(tmp, f"one.{rnd}.json")
@@ -57,11 +61,21 @@ def run(args):
             for overlap, compression in LAYOUTS:
                 key = f"{overlap}/{compression}"
                 path = os.path.join(tmp, f"{overlap}.{compression}.{rnd}.json")
-                result = _launch(cluster, nodes, args,
-                                 {"DDL_BENCH_FIT_OVERLAP": overlap,
-                                  "DDL_BENCH_FIT_COMPRESSION": compression}, path)
+                env = {"DDL_BENCH_FIT_OVERLAP": overlap, "DDL_BENCH_FIT_COMPRESSION": compression}
+                if rnd == 0:  # rank 0 traces the first round of every layout
+                    env["DDL_TIMELINE"] = traces[key] = os.path.join(tmp, f"{key.replace('/', '.')}.trace")
+                result = _launch(cluster, nodes, args, env, path)
                 steps.setdefault(key, []).extend(result["step_s"]["ddl"])
                 identical[key] = identical.get(key, True) and bool(result["identical"])
+        spans = []
+        for overlap, compression in LAYOUTS:
+            key = f"{overlap}/{compression}"
+            row = timeline_overlap.summary(traces[key])
+            spans.append({"overlap": overlap,
+                          "wire": "fp32" if compression == "none" else compression,
+                          **{k: row[k] for k in ("steps", "collectives", "backward_ms",
+                                                 "busy_ms", "hidden_ms", "exposed_ms",
+                                                 "hidden_fraction", "f")}})
     one = statistics.median(s[0] for s in steps["1"])
     rows = []
     for overlap, compression in LAYOUTS:
@@ -76,6 +90,9 @@ def run(args):
              f"{args.batch} per rank, {args.threads} TF thread(s), one core per rank; "
              f"{args.rounds} round(s) x {args.reps} fit(s) x {args.steps} steps")
     _print_rows(title, rows)
+    _print_rows(f"where the allreduces ran: rank 0's DDL_TIMELINE, round 1, medians over its "
+                f"steps (backward = first to last gradient handed over; hidden = allreduce "
+                f"time inside it; exposed = last gradient to last allreduce end)", spans)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "step_s": steps}, f, indent=2)
+            json.dump({"rows": rows, "step_s": steps, "timeline": spans}, f, indent=2)

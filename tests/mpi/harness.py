@@ -4,8 +4,12 @@ A multi-process test script defines cases with ``@case`` and calls
 ``run_cases()``. Each rank prints one ``DDLCASE {json}`` line per case with
 its verdict; tests/conftest.py launches the script and turns every case into
 its own pytest result, so one launch (one TensorFlow import per rank) covers
-many checks.
+many checks. With ``DDL_TEST_REPORT_TRAFFIC=1`` every rank also prints, after
+the cases, one ``DDLTRAFFIC {json}`` line with its traffic counters, which the
+cluster tests compare with the bytes the network links carried.
 """
+
+import os
 
 import json
 import sys
@@ -46,4 +50,14 @@ def run_cases():
             report(fn.__name__, rank, False, traceback.format_exc(), time.time() - start)
         # Keeps cases apart: a rank that failed early waits for the others here.
         MPI.COMM_WORLD.Barrier()
+    if os.environ.get("DDL_TEST_REPORT_TRAFFIC") == "1":
+        report_traffic(ddl)
     ddl.shutdown()
+
+
+def report_traffic(ddl):
+    import socket
+    record = {"rank": ddl.rank(), "host": socket.gethostname(), "local_size": ddl.local_size(),
+              "algorithm": ddl.allreduce_algorithm(), **ddl.traffic()}
+    sys.stdout.write("DDLTRAFFIC " + json.dumps(record) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,129 @@
+"""Where a training step's allreduces ran, read from a `DDL_TIMELINE` trace.
+
+Each collective's trace has a ``NEGOTIATE`` span from the moment its tensor
+was handed to keras_ddl (a gradient: the moment backprop produced it) to the
+moment it started, then the collective's own span (``ALLREDUCE``). Within a
+step, the last gradient handed over marks the end of the backward pass, so
+
+- ``backward_ms``: first to last hand-over (the backward pass, as far as
+  gradients show it);
+- ``hidden_ms``: time within that window in which some allreduce ran;
+- ``exposed_ms``: last hand-over to the end of the last allreduce, the
+  communication the step waits for after its backward pass.
+
+Only collectives of at least ``min_bytes`` count (default 256, a 64-float
+gradient): the metrics' scalar reductions come after the optimizer step and
+would otherwise pass for the last gradient. Steps are told apart by the gaps
+between them: synchronous training
+finishes every allreduce of a step before the next step's forward pass, so
+a hand-over later than ``gap_s`` after everything so far has ended starts
+a new step.
+"""
+
+import json
+import statistics
+
+COLLECTIVE_SPANS = ("ALLREDUCE", "GROUPED_ALLREDUCE")
+
+
+def read_trace(path):
+    with open(path) as f:
+        text = f.read().rstrip().rstrip(",")
+    if not text.endswith("]"):  # a trace whose process ended without closing it
+        text += "]"
+    return json.loads(text)
+
+
+def collectives(events, min_bytes=256):
+    """[(handed_over_s, start_s, end_s)] per collective of at least
+    ``min_bytes``, by hand-over time."""
+    handed, spans = {}, {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        if e["name"] == "NEGOTIATE":
+            handed.setdefault(key, []).append(e["ts"] / 1e6)
+        elif e["name"] in COLLECTIVE_SPANS:
+            nbytes = e.get("args", {}).get("bytes", 0)
+            spans.setdefault(key, []).append((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, nbytes))
+    out = []
+    for key, starts in handed.items():
+        for t, (s, end, nbytes) in zip(sorted(starts), sorted(spans.get(key, []))):
+            if nbytes >= min_bytes:
+                out.append((t, s, end))
+    return sorted(out)
+
+
+def steps(records, gap_s=0.15):
+    groups, last_end = [], None
+    for rec in records:
+        if last_end is None or rec[0] > last_end + gap_s:
+            groups.append([])
+            last_end = rec[2]
+        groups[-1].append(rec)
+        last_end = max(last_end, rec[2])
+    return groups
+
+
+def _union_within(intervals, lo, hi):
+    total, reach = 0.0, lo
+    for s, e in sorted(intervals):
+        s, e = max(s, reach), min(e, hi)
+        if e > s:
+            total += e - s
+            reach = e
+    return total
+
+
+def overlap_fraction(group):
+    """The scaling model's overlap fraction ``f`` for this step
+    (keras_ddl/bench/model.py, simulate_step): replay the step's
+    calls (tensors fused into one batch share a span: one call, ready when
+    its last tensor was) one at a time, each starting when ready and the
+    previous one is done; what runs after the backward pass in that replay
+    is the ideal ``tail``, the rest is ``hideable``. The measured exposed
+    time is ``tail + (1 - f) * hideable``; None when nothing is hideable."""
+    calls = {}
+    for handed, start, end in group:
+        ready = calls.get((start, end), handed)
+        calls[(start, end)] = max(ready, handed)
+    last = max(r[0] for r in group)
+    clock, busy = 0.0, 0.0
+    for (start, end), ready in sorted(calls.items(), key=lambda kv: kv[1]):
+        clock = max(clock, ready) + (end - start)
+        busy += end - start
+    tail = max(0.0, clock - last)
+    hideable = busy - tail
+    if hideable <= 0:
+        return None
+    exposed = max(r[2] for r in group) - last
+    return min(1.0, max(0.0, 1.0 - (exposed - tail) / hideable))
+
+
+def step_overlap(group):
+    first = min(r[0] for r in group)
+    last = max(r[0] for r in group)
+    end = max(r[2] for r in group)
+    spans = [(r[1], r[2]) for r in group]
+    return {"backward_ms": (last - first) * 1e3,
+            "busy_ms": _union_within(spans, first, end) * 1e3,
+            "hidden_ms": _union_within(spans, first, last) * 1e3,
+            "exposed_ms": (end - last) * 1e3,
+            "collectives": len(group),
+            "f": overlap_fraction(group)}
+
+
+def summary(path, skip_first=1, gap_s=0.15, min_bytes=256):
+    """Medians over the trace's steps (the first ``skip_first`` left out:
+    tracing and warm-up)."""
+    records = collectives(read_trace(path), min_bytes)
+    per_step = [step_overlap(g) for g in steps(records, gap_s)]
+    kept = per_step[skip_first:] or per_step
+    row = {k: statistics.median(s[k] for s in kept) for k in kept[0] if k != "f"}
+    fs = [s["f"] for s in kept if s["f"] is not None]
+    row["f"] = statistics.median(fs) if fs else None
+    row["steps"] = len(kept)
+    busy = row["busy_ms"]
+    row["hidden_fraction"] = row["hidden_ms"] / busy if busy else 0.0
+    return row

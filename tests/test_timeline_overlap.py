@@ -1,0 +1,68 @@
+"""keras_ddl.bench.timeline_overlap on a hand-made trace: steps found by
+their gaps, scalar metric reductions left out, and the hidden / exposed
+communication of each step against values worked out by hand."""
+
+import json
+
+import pytest
+
+from keras_ddl.bench import timeline_overlap
+
+
+def _events():
+    def span(tid, name, start, end, nbytes=None):
+        e = {"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": round(start * 1e6),
+             "dur": round((end - start) * 1e6), "args": {}}
+        if nbytes is not None:
+            e["args"]["bytes"] = nbytes
+        return e
+
+    def collective(tid, handed, start, end, nbytes=4096):
+        return [span(tid, "NEGOTIATE", handed, start), span(tid, "ALLREDUCE", start, end, nbytes)]
+
+    events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": f"g{t}"}}
+              for t in (1, 2, 3)]
+    events += collective(1, 0.000, 0.010, 0.050)                 # step 1: warm-up, left out
+    events += collective(1, 1.000, 1.010, 1.100)                 # step 2
+    events += collective(2, 1.200, 1.200, 1.400)
+    events += collective(3, 1.450, 1.450, 1.460, nbytes=8)      # a metric scalar: ignored
+    events += collective(1, 2.000, 2.000, 2.150)                 # step 3: the second
+    events += collective(2, 2.100, 2.180, 2.260)                 # starts 30 ms late
+    events += collective(3, 2.250, 2.250, 2.260, nbytes=8)
+    return events
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_hidden_and_exposed_communication_per_step(tmp_path, closed):
+    text = "[\n" + "\n,\n".join(json.dumps(e) for e in _events()) + ("\n]" if closed else "\n,")
+    path = tmp_path / "trace.json"
+    path.write_text(text)
+    records = timeline_overlap.collectives(timeline_overlap.read_trace(path))
+    groups = timeline_overlap.steps(records)
+    assert [len(g) for g in groups] == [1, 2, 2]
+    step2, step3 = (timeline_overlap.step_overlap(g) for g in groups[1:])
+    # step 2: gradients at 1.0 and 1.2, allreduces 1.01-1.10 and 1.2-1.4
+    assert step2 == pytest.approx({"backward_ms": 200, "busy_ms": 290, "hidden_ms": 90,
+                                   "exposed_ms": 200, "collectives": 2, "f": 1.0})
+    # step 3: gradients at 2.0 and 2.1, allreduces 2.0-2.15 and 2.18-2.26
+    assert step3 == pytest.approx({"backward_ms": 100, "busy_ms": 230, "hidden_ms": 100,
+                                   "exposed_ms": 160, "collectives": 2, "f": 0.7})
+    row = timeline_overlap.summary(path)
+    assert row["steps"] == 2
+    assert row["backward_ms"] == pytest.approx(150)
+    assert row["busy_ms"] == pytest.approx(260)
+    assert row["hidden_ms"] == pytest.approx(95)
+    assert row["exposed_ms"] == pytest.approx(180)
+    assert row["hidden_fraction"] == pytest.approx(95 / 260)
+    assert row["f"] == pytest.approx(0.85)
+
+
+def test_overlap_fraction_follows_the_scaling_models_definition():
+    # Two calls of 100 ms, ready at 0 and 0.1 (the end of the backward
+    # pass): the replay ends at 0.2, so the ideal tail is 100 ms and 100 ms
+    # were hideable. Exposed 100 ms: f = 1; 150 ms: f = 0.5; 200 ms: f = 0.
+    for exposed, f in ((0.10, 1.0), (0.15, 0.5), (0.20, 0.0)):
+        group = [(0.0, 0.0, 0.1), (0.1, exposed, 0.1 + exposed)]  # (handed, start, end)
+        assert timeline_overlap.overlap_fraction(group) == pytest.approx(f)
+    # one tensor fused into the other's call: one call, nothing to hide
+    assert timeline_overlap.overlap_fraction([(0.0, 0.1, 0.2), (0.1, 0.1, 0.2)]) is None
