@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import basics
+from . import _private_api, basics
 from .checkpoint import BackupAndRestore
 from .ops import Average, allreduce, broadcast_variables
 
@@ -390,15 +390,9 @@ _BATCH_END_HOOKS = ("on_batch_end", "on_train_batch_end", "on_test_batch_end",
                     "on_predict_batch_end")
 
 
-def _is_default(method):
-    return getattr(method, "_is_default", False)
-
-
+@_private_api.mark_default_hook
 def _default_noop(*args, **kwargs):
     return None
-
-
-_default_noop._is_default = True
 
 
 class _OnRank(keras.callbacks.Callback):
@@ -411,7 +405,7 @@ class _OnRank(keras.callbacks.Callback):
         self.active = basics.rank() == rank
         self.async_safe = getattr(callback, "async_safe", False)
         for hook in _BATCH_END_HOOKS:
-            if not self.active or _is_default(getattr(callback, hook, None)):
+            if not self.active or _private_api.is_default_hook(getattr(callback, hook, None)):
                 setattr(self, hook, _default_noop)
 
     def set_model(self, model):

@@ -28,7 +28,7 @@ import time
 import keras
 import tensorflow as tf
 
-from . import basics
+from . import _private_api, basics
 from .ops import broadcast, broadcast_variables
 
 __all__ = ["BackupAndRestore"]
@@ -178,11 +178,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         if epoch > 0:
             # Keras' own BackupAndRestore resumes the same way: fit reads this
             # attribute after on_train_begin.
-            self.model._initial_epoch = epoch
+            _private_api.set_initial_epoch(self.model, epoch)
 
     def on_train_end(self, logs=None):
         # A later fit on this model starts where its caller says again.
-        self.model._initial_epoch = None
+        _private_api.set_initial_epoch(self.model, None)
 
     # ------------------------------------------------------------ save
 

@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from . import basics, loss_scale
+from . import _private_api, basics, loss_scale
 from .gradient_overlap import check_overlap_args, reduce_tensors
 from .ops import Average, Compression, ReduceOp, Sum
 
@@ -102,13 +102,7 @@ def _refuse_under_ddl_strategy(what):
 
 def _check_not_xla():
     # The collectives are TensorFlow custom ops without XLA kernels.
-    try:
-        from tensorflow.python.framework import ops as tf_ops
-        from tensorflow.python.ops import control_flow_util
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph())
-    except Exception:  # private API moved: let TensorFlow report it
-        return
-    if in_xla:
+    if _private_api.in_xla_context():
         raise ValueError(
             "keras_ddl: DistributedOptimizer cannot run inside XLA (jit_compile=True): its "
             "allreduce is a custom TensorFlow op. Compile the model with "

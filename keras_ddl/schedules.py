@@ -164,7 +164,42 @@ class WarmUp(_Schedule):
         return cls(**config)
 
 
-class _DecayWithWarmup(_Schedule):
+class _PeakWithWarmup(_Schedule):
+    """Linear warmup to `peak_learning_rate`, then `_after_warmup(step)`."""
+
+    def __init__(self, peak_learning_rate, warmup_steps, warmup_initial_learning_rate, name):
+        super().__init__()
+        self.peak_learning_rate = _number("peak_learning_rate", peak_learning_rate)
+        self.warmup_steps = _steps("warmup_steps", warmup_steps)
+        self.warmup_initial_learning_rate = _number(
+            "warmup_initial_learning_rate", warmup_initial_learning_rate
+        )
+        self.name = name
+
+    def _after_warmup(self, step):
+        raise NotImplementedError
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        return _warmup(
+            step,
+            self.warmup_steps,
+            self.warmup_initial_learning_rate,
+            self.peak_learning_rate,
+            1.0,
+            self._after_warmup(step),
+        )
+
+    def get_config(self):
+        return {
+            "peak_learning_rate": self.peak_learning_rate,
+            "warmup_steps": self.warmup_steps,
+            "warmup_initial_learning_rate": self.warmup_initial_learning_rate,
+            "name": self.name,
+        }
+
+
+class _DecayWithWarmup(_PeakWithWarmup):
     """Linear warmup to `peak_learning_rate`, then `_decay(fraction)`.
 
     `fraction` runs from 0 at the end of the warmup to 1 at `total_steps`
@@ -179,44 +214,26 @@ class _DecayWithWarmup(_Schedule):
         warmup_initial_learning_rate,
         name,
     ):
-        super().__init__()
-        self.peak_learning_rate = _number("peak_learning_rate", peak_learning_rate)
-        self.warmup_steps = _steps("warmup_steps", warmup_steps)
+        super().__init__(peak_learning_rate, warmup_steps, warmup_initial_learning_rate, name)
         self.total_steps = _steps("total_steps", total_steps, 1)
         if self.total_steps <= self.warmup_steps:
             raise ValueError(
                 "`total_steps` must be greater than `warmup_steps`. Received: "
                 f"total_steps={total_steps}, warmup_steps={warmup_steps}"
             )
-        self.warmup_initial_learning_rate = _number(
-            "warmup_initial_learning_rate", warmup_initial_learning_rate
-        )
-        self.name = name
 
     def _decay(self, step, fraction):
         raise NotImplementedError
 
-    def __call__(self, step):
-        step = ops.cast(step, "float32")
+    def _after_warmup(self, step):
         decay_steps = float(self.total_steps - self.warmup_steps)
         fraction = ops.clip((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
-        return _warmup(
-            step,
-            self.warmup_steps,
-            self.warmup_initial_learning_rate,
-            self.peak_learning_rate,
-            1.0,
-            self._decay(step, fraction),
-        )
+        return self._decay(step, fraction)
 
     def get_config(self):
-        return {
-            "peak_learning_rate": self.peak_learning_rate,
-            "total_steps": self.total_steps,
-            "warmup_steps": self.warmup_steps,
-            "warmup_initial_learning_rate": self.warmup_initial_learning_rate,
-            "name": self.name,
-        }
+        config = super().get_config()
+        config["total_steps"] = self.total_steps
+        return config
 
 
 @_serializable
@@ -333,7 +350,7 @@ class CosineDecayWithWarmup(_DecayWithWarmup):
 
 
 @_serializable
-class StepDecayWithWarmup(_Schedule):
+class StepDecayWithWarmup(_PeakWithWarmup):
     """Goyal et al.'s schedule: linear warmup, then divide by 10 at boundaries.
 
     ```python
@@ -375,9 +392,7 @@ class StepDecayWithWarmup(_Schedule):
         warmup_initial_learning_rate=0.0,
         name=None,
     ):
-        super().__init__()
-        self.peak_learning_rate = _number("peak_learning_rate", peak_learning_rate)
-        self.warmup_steps = _steps("warmup_steps", warmup_steps)
+        super().__init__(peak_learning_rate, warmup_steps, warmup_initial_learning_rate, name)
         if not isinstance(boundaries, (list, tuple)):
             raise ValueError(
                 "`boundaries` must be a list of steps. "
@@ -397,32 +412,14 @@ class StepDecayWithWarmup(_Schedule):
         self.factor = _number("factor", factor, strict=True)
         if self.factor > 1:
             raise ValueError(f"`factor` must be <= 1. Received: factor={factor!r}")
-        self.warmup_initial_learning_rate = _number(
-            "warmup_initial_learning_rate", warmup_initial_learning_rate
-        )
-        self.name = name
 
-    def __call__(self, step):
-        step = ops.cast(step, "float32")
+    def _after_warmup(self, step):
         passed = ops.convert_to_tensor(0.0, "float32")
         for boundary in self.boundaries:
             passed = passed + ops.cast(ops.greater_equal(step, boundary), "float32")
-        decayed = self.peak_learning_rate * ops.power(self.factor, passed)
-        return _warmup(
-            step,
-            self.warmup_steps,
-            self.warmup_initial_learning_rate,
-            self.peak_learning_rate,
-            1.0,
-            decayed,
-        )
+        return self.peak_learning_rate * ops.power(self.factor, passed)
 
     def get_config(self):
-        return {
-            "peak_learning_rate": self.peak_learning_rate,
-            "boundaries": list(self.boundaries),
-            "warmup_steps": self.warmup_steps,
-            "factor": self.factor,
-            "warmup_initial_learning_rate": self.warmup_initial_learning_rate,
-            "name": self.name,
-        }
+        config = super().get_config()
+        config.update({"boundaries": list(self.boundaries), "factor": self.factor})
+        return config

@@ -36,3 +36,36 @@ def test_allreduce_cluster_table(tmp_path):
     # bucket lets its first 256 KB through at once): the shaping is real.
     assert rows[1]["auto_us"] > 0.5 * rows[1]["bound_us"], rows[1]
     assert rows[1]["mpi_us"] > 0.5 * rows[1]["bound_us"], rows[1]
+
+
+def test_fit_cluster_tables_and_timeline(tmp_path):
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+    out = tmp_path / "fit.json"
+    argv = [sys.executable, "-m", "keras_ddl.bench", "fit", "--cluster", "2", "--rate", "1gbit",
+            "--model", "cnn", "--batch", "16", "--steps", "4", "--reps", "1", "--rounds", "1",
+            "--json", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=launch_env(),
+                          cwd=TESTS_DIR)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    layouts = [(r["overlap"], r["wire"]) for r in result["rows"]]
+    assert layouts == [("off", "fp32"), ("on", "fp32"), ("off", "fp16"), ("on", "fp16")]
+    for r in result["rows"]:
+        assert r["identical"] == "yes" and 0 < r["efficiency"] < 1.5, r
+    # Rank 0's trace of every layout: gradients seen step by step, and the
+    # allreduce time cannot exceed the step's communication window.
+    assert [(t["overlap"], t["wire"]) for t in result["timeline"]] == layouts
+    for t in result["timeline"]:
+        assert t["steps"] >= 2 and t["collectives"] >= 1, t
+        assert 0 <= t["hidden_ms"] <= t["busy_ms"] + 1e-6, t
+        assert t["f"] is None or 0 <= t["f"] <= 1, t
+        assert (tmp_path / f"fit.{t['overlap']}.{'none' if t['wire'] == 'fp32' else t['wire']}"
+                           ".trace.json").exists()
+    # Overlap off hands every gradient over at once, after the backward
+    # pass (one grouped allreduce); on, each as backprop makes it.
+    by = {(t["overlap"], t["wire"]): t for t in result["timeline"]}
+    for wire in ("fp32", "fp16"):
+        assert by[("off", wire)]["backward_ms"] < by[("on", wire)]["backward_ms"], by
+    assert "where the allreduces ran" in proc.stdout
