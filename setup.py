@@ -147,7 +147,7 @@ setup(
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["keras_ddl", "keras_ddl.*"]),
+    packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools"]),
     py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
     # The sources are compiled by BuildCustomOps; listed as dependencies so
     # a rebuild (pip install -e ., setup.py build_ext) sees what changed.

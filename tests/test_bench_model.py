@@ -1,4 +1,4 @@
-"""The alpha-beta scaling model (keras_ddl.bench.model): formulas against
+"""The alpha-beta scaling model (keras_ddl_tools/scaling_model.py): formulas against
 hand-computed values, properties of the predictions, the published points
 and the command line. Single process, no TensorFlow, a few seconds."""
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from keras_ddl.bench import model as m
+from keras_ddl_tools import scaling_model as m
 
 A, B = 7e-6, 1 / 5e9           # a link: 7 us, 5 GB/s
 LINK = m.Link(alpha=A, bandwidth=5e9)

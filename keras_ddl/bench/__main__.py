@@ -43,8 +43,8 @@ def parse(argv):
     al.add_argument("--json", help="JSON path prefix")
     mo = sub.add_parser("model", help="alpha-beta scaling model: predicted efficiency at "
                                       "8 ... 1024 GPUs vs published points (no launcher needed)")
-    from . import model
-    model.add_arguments(mo)
+    from keras_ddl_tools import scaling_model
+    scaling_model.add_arguments(mo)
     fit = sub.add_parser("fit", help="model.fit step time: DDLStrategy vs plain Keras "
                                      "(one process), weak scaling (--scaling N)")
     fit.add_argument("--model", choices=["cnn", "resnet50"], default="cnn",
@@ -125,7 +125,7 @@ def main(argv=None):
         from . import fit
         fit.main(args)
     elif args.command == "model":
-        from . import model
+        from keras_ddl_tools import scaling_model as model
         model.main(args)
 
 

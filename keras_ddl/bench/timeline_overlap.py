@@ -78,7 +78,7 @@ def _union_within(intervals, lo, hi):
 
 def overlap_fraction(group):
     """The scaling model's overlap fraction ``f`` for this step
-    (keras_ddl/bench/model.py, simulate_step): replay the step's
+    (keras_ddl_tools/scaling_model.py, simulate_step): replay the step's
     calls (tensors fused into one batch share a span: one call, ready when
     its last tensor was) one at a time, each starting when ready and the
     previous one is done; what runs after the backward pass in that replay

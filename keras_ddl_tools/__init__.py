@@ -1,0 +1,3 @@
+"""Tools that ship with keras_ddl but are not part of its runtime: nothing in
+``keras_ddl`` imports them except the ``python -m keras_ddl.bench model``
+command, which loads ``scaling_model`` on demand."""
