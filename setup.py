@@ -1,7 +1,7 @@
 """Builds keras_ddl: the Python package plus two shared libraries.
 
-- ``libddl_core.so``: the collective core (custom_ops/core, transport,
-  algorithms), plain C++17 over MPI.
+- ``libddl_core.so``: the collective core (custom_ops/common, transport,
+  algorithms, engine), plain C++17 over MPI.
 - ``ddl_tf_ops.so``: the TensorFlow ops (custom_ops/tf_ops.cc), linked to
   the core and compiled with the installed TensorFlow's flags.
 
@@ -32,9 +32,10 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 OPS_DIR = os.path.join(HERE, "custom_ops")
 CORE_SOURCES = sorted(
-    glob.glob(os.path.join(OPS_DIR, "core", "*.cc"))
+    glob.glob(os.path.join(OPS_DIR, "common", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "transport", "*.cc"))
-    + glob.glob(os.path.join(OPS_DIR, "algorithms", "*.cc")))
+    + glob.glob(os.path.join(OPS_DIR, "algorithms", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "engine", "*.cc")))
 TF_SOURCES = [os.path.join(OPS_DIR, "tf_ops.cc")]
 HEADERS = sorted(glob.glob(os.path.join(OPS_DIR, "**", "*.h"), recursive=True))
 

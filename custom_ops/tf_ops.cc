@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/runtime.h"
+#include "engine/runtime.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"

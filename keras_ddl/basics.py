@@ -22,7 +22,7 @@ REBUILD_HINT = (
     "    pip install --no-build-isolation --no-deps --force-reinstall .\n"
     "from the keras_ddl source tree (see README.md).")
 
-# Status codes of the C++ core (custom_ops/core/types.h, Status::Code).
+# Status codes of the C++ core (custom_ops/common/types.h, Status::Code).
 _INVALID_ARGUMENT = 1
 
 _lock = threading.Lock()

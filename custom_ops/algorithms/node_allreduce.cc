@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../core/reduce_kernels.h"
+#include "../common/reduce_kernels.h"
 #include "pairwise.h"
 #include "ring.h"
 #include "span_walker.h"

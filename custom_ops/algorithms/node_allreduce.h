@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "../core/traffic.h"
-#include "../core/types.h"
+#include "../common/traffic.h"
+#include "../common/types.h"
 #include "../transport/shm_arena.h"
 #include "../transport/transport.h"
 #include "span_walker.h"

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../core/types.h"
+#include "../common/types.h"
 #include "../transport/transport.h"
 
 namespace ddl {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "../core/reduce_kernels.h"
+#include "../common/reduce_kernels.h"
 
 namespace ddl {
 

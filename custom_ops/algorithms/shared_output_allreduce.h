@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "../core/types.h"
+#include "../common/types.h"
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
 #include "node_allreduce.h"

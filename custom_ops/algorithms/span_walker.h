@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "../core/reduce_kernels.h"
-#include "../core/types.h"
+#include "../common/reduce_kernels.h"
+#include "../common/types.h"
 
 namespace ddl {
 

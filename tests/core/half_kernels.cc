@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "core/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 
 using namespace ddl;
 

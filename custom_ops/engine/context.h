@@ -9,7 +9,7 @@
 #include "../transport/shm_pool.h"
 #include "config.h"
 #include "timeline.h"
-#include "types.h"
+#include "../common/types.h"
 
 namespace ddl {
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "reduce_kernels.h"
+#include "../common/reduce_kernels.h"
 #include "runtime.h"
 
 namespace {

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "types.h"
+#include "../common/types.h"
 
 namespace ddl {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "types.h"
+#include "../common/types.h"
 
 namespace ddl {
 
