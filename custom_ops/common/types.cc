@@ -66,6 +66,8 @@ const char* CollectiveName(Collective c) {
   return "unknown";
 }
 
+std::string OnRank(int rank) { return " (rank " + std::to_string(rank) + ")"; }
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::ostringstream out;
   out << "[";

@@ -45,6 +45,8 @@ const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* CollectiveName(Collective c);
 std::string ShapeString(const std::vector<int64_t>& shape);
+// " (rank R)": appended to every message a user may see.
+std::string OnRank(int rank);
 int64_t NumElements(const std::vector<int64_t>& shape);
 
 class Status {

@@ -58,7 +58,6 @@ int ddl_cross_size() { return Query([](const ddl::Context& c) { return c.cross_s
 int ddl_allreduce_algorithm() {
   return Query([](const ddl::Context& c) { return c.node_memory ? (c.hierarchical ? 2 : 1) : 0; });
 }
-int ddl_is_homogeneous() { return Query([](const ddl::Context& c) { return c.homogeneous ? 1 : 0; }); }
 
 // Adds a marker to rank 0's timeline (no-op elsewhere or without one).
 int ddl_timeline_mark(const char* label) {

@@ -11,7 +11,6 @@
 namespace ddl {
 
 namespace {
-std::string OnRank(int rank) { return " (rank " + std::to_string(rank) + ")"; }
 
 // Staging slot per rank and pipeline depth of the shared-memory allreduce:
 // a chunk of 256 KB per rank keeps a 2-rank step inside one core's L2.

@@ -19,8 +19,6 @@ constexpr uint64_t kFlagHasRequests = 1u << 0;   // some rank has names to offer
 constexpr uint64_t kFlagShutdown = 1u << 1;      // some rank is shutting down
 constexpr uint64_t kFlagCoordinator = 1u << 2;   // rank 0 has a verdict to send
 
-std::string OnRank(int rank) { return " (rank " + std::to_string(rank) + ")"; }
-
 constexpr int kProbeTag = 7001;
 constexpr int kVerdictTag = 7002;
 constexpr size_t kVerdictBytes = 4096;
@@ -220,7 +218,7 @@ void Engine::Admit(Work work) {
   p.request.root = work.root;
   p.request.shape = work.shape;
   int slot = -1;
-  p.cached = cache_.Find(p.request, &slot) == ResponseCache::Lookup::kHit;
+  p.cached = cache_.Find(p.request, &slot);
   if (!p.cached) unsent_.push_back(p.request);
   p.work = std::move(work);
   std::string name = p.work.name;

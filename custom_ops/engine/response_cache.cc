@@ -2,12 +2,11 @@
 
 namespace ddl {
 
-ResponseCache::Lookup ResponseCache::Find(const Request& request, int* slot) const {
+bool ResponseCache::Find(const Request& request, int* slot) const {
   auto it = index_.find(request.name);
-  if (it == index_.end()) return Lookup::kMiss;
-  if (!slots_[it->second]->Compatible(request)) return Lookup::kChanged;
+  if (it == index_.end() || !slots_[it->second]->Compatible(request)) return false;
   *slot = it->second;
-  return Lookup::kHit;
+  return true;
 }
 
 void ResponseCache::Insert(const Request& request) {

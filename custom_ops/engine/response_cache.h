@@ -17,10 +17,9 @@ class ResponseCache {
  public:
   explicit ResponseCache(int capacity) : capacity_(capacity) {}
 
-  enum class Lookup { kHit, kMiss, kChanged };
-  // kHit: same name and compatible metadata (slot in *slot);
-  // kChanged: name cached with other metadata; kMiss: name unknown.
-  Lookup Find(const Request& request, int* slot) const;
+  // True (slot in *slot) when the name is cached with compatible metadata;
+  // a name cached with other metadata is renegotiated like an unknown one.
+  bool Find(const Request& request, int* slot) const;
   bool Contains(const std::string& name) const { return index_.count(name) > 0; }
   // Adds `request` unless present or full; identical calls on every rank
   // give identical slots (lowest free slot first).
