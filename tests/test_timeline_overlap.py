@@ -1,9 +1,10 @@
-"""keras_ddl.bench.timeline_overlap on a hand-made trace: steps found by
-their gaps, scalar metric reductions left out, and the hidden / exposed
+"""keras_ddl.bench.timeline_overlap on hand-made traces: steps found by
+their marks or gaps, scalar metric reductions left out, and the hidden / exposed
 communication of each step against values worked out by hand."""
 
 import json
 
+import numpy as np
 import pytest
 
 from keras_ddl.bench import timeline_overlap
@@ -66,3 +67,34 @@ def test_overlap_fraction_follows_the_scaling_models_definition():
         assert timeline_overlap.overlap_fraction(group) == pytest.approx(f)
     # one tensor fused into the other's call: one call, nothing to hide
     assert timeline_overlap.overlap_fraction([(0.0, 0.1, 0.2), (0.1, 0.1, 0.2)]) is None
+
+
+def test_step_marks_split_steps_the_gaps_would_merge(tmp_path):
+    # A step's last allreduce runs into the next step's first hand-over (no
+    # gap between them): TimelineCallback's marks still tell the steps apart.
+    def span(tid, name, start, end):
+        return {"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": round(start * 1e6),
+                "dur": round((end - start) * 1e6), "args": {"bytes": 4096}}
+
+    def mark(label, t):
+        return {"name": label, "ph": "i", "s": "g", "pid": 0, "tid": 0, "ts": round(t * 1e6)}
+
+    events = [mark("epoch 0", 0.0), mark("epoch 0 step 0", 0.0),
+              span(1, "NEGOTIATE", 0.50, 0.50), span(1, "ALLREDUCE", 0.50, 1.05),
+              span(2, "NEGOTIATE", 0.60, 0.60), span(2, "ALLREDUCE", 0.60, 0.70),
+              mark("epoch 0 step 1", 1.0),
+              span(1, "NEGOTIATE", 1.06, 1.06), span(1, "ALLREDUCE", 1.06, 1.20),
+              span(2, "NEGOTIATE", 1.10, 1.10), span(2, "ALLREDUCE", 1.20, 1.30)]
+    records = timeline_overlap.collectives(events)
+    assert len(timeline_overlap.steps(records)) == 1  # the gap rule sees one step
+    marks = timeline_overlap.step_marks(events)
+    assert marks == [0.0, 1.0]
+    groups = timeline_overlap.steps_by_marks(records, marks)
+    assert [[r[0] for r in g] for g in groups] == [[0.5, 0.6], [1.06, 1.1]]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(events))
+    row = timeline_overlap.summary(path, skip_first=0)
+    # step 0: backward 0.5-0.6, exposed 0.6-1.05; step 1: 1.06-1.1, exposed 1.1-1.3
+    assert row["steps"] == 2
+    assert row["backward_ms"] == pytest.approx(np.median([100, 40]))
+    assert row["exposed_ms"] == pytest.approx(np.median([450, 200]))

@@ -208,10 +208,14 @@ def _measure(args):
     data = _synthetic(tf, args, seed=rank)
     clock = _StepClock(keras)
 
+    # With DDL_TIMELINE set, each step's start is marked in the trace
+    # (bench/timeline_overlap.py reads the trace step by step).
+    marks = [ddl.callbacks.TimelineCallback()] if os.environ.get("DDL_TIMELINE") else []
+
     def timed(model):
         COMM.Barrier()
         model.fit(data, epochs=1, steps_per_epoch=args.steps, verbose=0,
-                  callbacks=[clock.callback])
+                  callbacks=[clock.callback, *marks])
         return clock.per_step()
 
     if args.independent:

@@ -11,15 +11,16 @@ step, the last gradient handed over marks the end of the backward pass, so
 - ``exposed_ms``: last hand-over to the end of the last allreduce, the
   communication the step waits for after its backward pass.
 
-Only collectives of at least ``min_bytes`` count (default 256, a 64-float
+Only allreduces of at least ``min_bytes`` count (default 256, a 64-float
 gradient): the metrics' scalar reductions come after the optimizer step and
-would otherwise pass for the last gradient. Steps are told apart by the gaps
-between them: synchronous training
-finishes every allreduce of a step before the next step's forward pass, so
-a hand-over later than ``gap_s`` after everything so far has ended starts
-a new step.
+would otherwise pass for the last gradient. Steps are the intervals between
+the ``epoch E step S`` marks ``keras_ddl.callbacks.TimelineCallback`` puts
+in the trace (a collective belongs to the step in which it was handed
+over); a trace without marks is split where nothing was handed over or
+running for ``gap_s``.
 """
 
+import bisect
 import json
 import statistics
 
@@ -53,6 +54,21 @@ def collectives(events, min_bytes=256):
             if nbytes >= min_bytes:
                 out.append((t, s, end))
     return sorted(out)
+
+
+def step_marks(events):
+    """Start times (s) of the steps marked in the trace, in order."""
+    return sorted(e["ts"] / 1e6 for e in events
+                  if e.get("ph") == "i" and " step " in e.get("name", ""))
+
+
+def steps_by_marks(records, marks):
+    groups = [[] for _ in marks]
+    for rec in records:
+        k = bisect.bisect_right(marks, rec[0]) - 1
+        if k >= 0:
+            groups[k].append(rec)
+    return [g for g in groups if g]
 
 
 def steps(records, gap_s=0.15):
@@ -117,8 +133,11 @@ def step_overlap(group):
 def summary(path, skip_first=1, gap_s=0.15, min_bytes=256):
     """Medians over the trace's steps (the first ``skip_first`` left out:
     tracing and warm-up)."""
-    records = collectives(read_trace(path), min_bytes)
-    per_step = [step_overlap(g) for g in steps(records, gap_s)]
+    events = read_trace(path)
+    records = collectives(events, min_bytes)
+    marks = step_marks(events)
+    groups = steps_by_marks(records, marks) if marks else steps(records, gap_s)
+    per_step = [step_overlap(g) for g in groups]
     kept = per_step[skip_first:] or per_step
     row = {k: statistics.median(s[k] for s in kept) for k in kept[0] if k != "f"}
     fs = [s["f"] for s in kept if s["f"] is not None]
