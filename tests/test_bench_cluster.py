@@ -54,18 +54,14 @@ def test_fit_cluster_tables_and_timeline(tmp_path):
     assert layouts == [("off", "fp32"), ("on", "fp32"), ("off", "fp16"), ("on", "fp16")]
     for r in result["rows"]:
         assert r["identical"] == "yes" and 0 < r["efficiency"] < 1.5, r
-    # Rank 0's trace of every layout: gradients seen step by step, and the
-    # allreduce time cannot exceed the step's communication window.
+    # Rank 0's trace of every layout, read step by step at TimelineCallback's
+    # marks (4 steps a fit, the first left out, a warm-up fit and a timed
+    # one): allreduce time inside the window cannot exceed the step's.
     assert [(t["overlap"], t["wire"]) for t in result["timeline"]] == layouts
     for t in result["timeline"]:
-        assert t["steps"] >= 2 and t["collectives"] >= 1, t
+        assert t["steps"] == 7 and t["collectives"] >= 1, t
         assert 0 <= t["hidden_ms"] <= t["busy_ms"] + 1e-6, t
-        assert t["f"] is None or 0 <= t["f"] <= 1, t
+        assert t["window_ms"] >= 0 and t["exposed_ms"] >= 0, t
         assert (tmp_path / f"fit.{t['overlap']}.{'none' if t['wire'] == 'fp32' else t['wire']}"
                            ".trace.json").exists()
-    # Overlap off hands every gradient over at once, after the backward
-    # pass (one grouped allreduce); on, each as backprop makes it.
-    by = {(t["overlap"], t["wire"]): t for t in result["timeline"]}
-    for wire in ("fp32", "fp16"):
-        assert by[("off", wire)]["backward_ms"] < by[("on", wire)]["backward_ms"], by
     assert "where the allreduces ran" in proc.stdout

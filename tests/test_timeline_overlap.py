@@ -43,30 +43,18 @@ def test_hidden_and_exposed_communication_per_step(tmp_path, closed):
     assert [len(g) for g in groups] == [1, 2, 2]
     step2, step3 = (timeline_overlap.step_overlap(g) for g in groups[1:])
     # step 2: gradients at 1.0 and 1.2, allreduces 1.01-1.10 and 1.2-1.4
-    assert step2 == pytest.approx({"backward_ms": 200, "busy_ms": 290, "hidden_ms": 90,
-                                   "exposed_ms": 200, "collectives": 2, "f": 1.0})
+    assert step2 == pytest.approx({"window_ms": 200, "busy_ms": 290, "hidden_ms": 90,
+                                   "exposed_ms": 200, "collectives": 2})
     # step 3: gradients at 2.0 and 2.1, allreduces 2.0-2.15 and 2.18-2.26
-    assert step3 == pytest.approx({"backward_ms": 100, "busy_ms": 230, "hidden_ms": 100,
-                                   "exposed_ms": 160, "collectives": 2, "f": 0.7})
+    assert step3 == pytest.approx({"window_ms": 100, "busy_ms": 230, "hidden_ms": 100,
+                                   "exposed_ms": 160, "collectives": 2})
     row = timeline_overlap.summary(path)
     assert row["steps"] == 2
-    assert row["backward_ms"] == pytest.approx(150)
+    assert row["window_ms"] == pytest.approx(150)
     assert row["busy_ms"] == pytest.approx(260)
     assert row["hidden_ms"] == pytest.approx(95)
     assert row["exposed_ms"] == pytest.approx(180)
     assert row["hidden_fraction"] == pytest.approx(95 / 260)
-    assert row["f"] == pytest.approx(0.85)
-
-
-def test_overlap_fraction_follows_the_scaling_models_definition():
-    # Two calls of 100 ms, ready at 0 and 0.1 (the end of the backward
-    # pass): the replay ends at 0.2, so the ideal tail is 100 ms and 100 ms
-    # were hideable. Exposed 100 ms: f = 1; 150 ms: f = 0.5; 200 ms: f = 0.
-    for exposed, f in ((0.10, 1.0), (0.15, 0.5), (0.20, 0.0)):
-        group = [(0.0, 0.0, 0.1), (0.1, exposed, 0.1 + exposed)]  # (handed, start, end)
-        assert timeline_overlap.overlap_fraction(group) == pytest.approx(f)
-    # one tensor fused into the other's call: one call, nothing to hide
-    assert timeline_overlap.overlap_fraction([(0.0, 0.1, 0.2), (0.1, 0.1, 0.2)]) is None
 
 
 def test_step_marks_split_steps_the_gaps_would_merge(tmp_path):
@@ -96,5 +84,5 @@ def test_step_marks_split_steps_the_gaps_would_merge(tmp_path):
     row = timeline_overlap.summary(path, skip_first=0)
     # step 0: backward 0.5-0.6, exposed 0.6-1.05; step 1: 1.06-1.1, exposed 1.1-1.3
     assert row["steps"] == 2
-    assert row["backward_ms"] == pytest.approx(np.median([100, 40]))
+    assert row["window_ms"] == pytest.approx(np.median([100, 40]))
     assert row["exposed_ms"] == pytest.approx(np.median([450, 200]))

@@ -12,7 +12,8 @@ fp16 on the wire, so the table shows what hides behind the backward pass.
 fits' steps, first step of each fit left out, then over launches). A
 second table reads rank 0's DDL_TIMELINE trace of the first round of each
 layout (keras_ddl.bench.timeline_overlap): how much allreduce time fell
-inside the backward pass and how much the step waited for after it.
+inside the window in which tensors were handed over and how much the step
+waited for after the last gradient.
 """
 
 import json
@@ -81,9 +82,9 @@ def run(args):
                                          f"{compression}.trace.json")
             spans.append({"overlap": overlap,
                           "wire": "fp32" if compression == "none" else compression,
-                          **{k: row[k] for k in ("steps", "collectives", "backward_ms",
+                          **{k: row[k] for k in ("steps", "collectives", "window_ms",
                                                  "busy_ms", "hidden_ms", "exposed_ms",
-                                                 "hidden_fraction", "f")}})
+                                                 "hidden_fraction")}})
     one = statistics.median(s[0] for s in steps["1"])
     rows = []
     for overlap, compression in LAYOUTS:
@@ -100,8 +101,8 @@ def run(args):
     _print_rows(title, rows)
     if spans:
         _print_rows(f"where the allreduces ran: rank 0's DDL_TIMELINE, round 1, medians over its "
-                    f"steps (backward = first to last gradient handed over; hidden = "
-                    f"allreduce time inside it; exposed = last gradient to last allreduce end)",
+                    f"steps (window = first to last tensor handed over; hidden = allreduce "
+                    f"time inside it; exposed = last gradient to last allreduce end)",
                     spans)
     if args.json:
         with open(args.json, "w") as f:

@@ -3,10 +3,12 @@
 Each collective's trace has a ``NEGOTIATE`` span from the moment its tensor
 was handed to keras_ddl (a gradient: the moment backprop produced it) to the
 moment it started, then the collective's own span (``ALLREDUCE``). Within a
-step, the last gradient handed over marks the end of the backward pass, so
+step, the last tensor handed over is the last gradient, so
 
-- ``backward_ms``: first to last hand-over (the backward pass, as far as
-  gradients show it);
+- ``window_ms``: first to last hand-over of the step. It spans the backward
+  pass and, when the model has them, the forward pass's collectives too
+  (under DDLStrategy a BatchNormalization moving statistic is averaged
+  across ranks when it is updated);
 - ``hidden_ms``: time within that window in which some allreduce ran;
 - ``exposed_ms``: last hand-over to the end of the last allreduce, the
   communication the step waits for after its backward pass.
@@ -92,42 +94,16 @@ def _union_within(intervals, lo, hi):
     return total
 
 
-def overlap_fraction(group):
-    """The scaling model's overlap fraction ``f`` for this step
-    (keras_ddl_tools/scaling_model.py, simulate_step): replay the step's
-    calls (tensors fused into one batch share a span: one call, ready when
-    its last tensor was) one at a time, each starting when ready and the
-    previous one is done; what runs after the backward pass in that replay
-    is the ideal ``tail``, the rest is ``hideable``. The measured exposed
-    time is ``tail + (1 - f) * hideable``; None when nothing is hideable."""
-    calls = {}
-    for handed, start, end in group:
-        ready = calls.get((start, end), handed)
-        calls[(start, end)] = max(ready, handed)
-    last = max(r[0] for r in group)
-    clock, busy = 0.0, 0.0
-    for (start, end), ready in sorted(calls.items(), key=lambda kv: kv[1]):
-        clock = max(clock, ready) + (end - start)
-        busy += end - start
-    tail = max(0.0, clock - last)
-    hideable = busy - tail
-    if hideable <= 0:
-        return None
-    exposed = max(r[2] for r in group) - last
-    return min(1.0, max(0.0, 1.0 - (exposed - tail) / hideable))
-
-
 def step_overlap(group):
     first = min(r[0] for r in group)
     last = max(r[0] for r in group)
     end = max(r[2] for r in group)
     spans = [(r[1], r[2]) for r in group]
-    return {"backward_ms": (last - first) * 1e3,
+    return {"window_ms": (last - first) * 1e3,
             "busy_ms": _union_within(spans, first, end) * 1e3,
             "hidden_ms": _union_within(spans, first, last) * 1e3,
             "exposed_ms": (end - last) * 1e3,
-            "collectives": len(group),
-            "f": overlap_fraction(group)}
+            "collectives": len(group)}
 
 
 def summary(path, skip_first=1, gap_s=0.15, min_bytes=256):
@@ -139,9 +115,7 @@ def summary(path, skip_first=1, gap_s=0.15, min_bytes=256):
     groups = steps_by_marks(records, marks) if marks else steps(records, gap_s)
     per_step = [step_overlap(g) for g in groups]
     kept = per_step[skip_first:] or per_step
-    row = {k: statistics.median(s[k] for s in kept) for k in kept[0] if k != "f"}
-    fs = [s["f"] for s in kept if s["f"] is not None]
-    row["f"] = statistics.median(fs) if fs else None
+    row = {k: statistics.median(s[k] for s in kept) for k in kept[0]}
     row["steps"] = len(kept)
     busy = row["busy_ms"]
     row["hidden_fraction"] = row["hidden_ms"] / busy if busy else 0.0
