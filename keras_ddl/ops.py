@@ -71,11 +71,6 @@ def op_library():
     return _lib
 
 
-def _label(tensor):
-    name = getattr(tensor, "name", None)
-    return f"'{name}'" if name and not tf.executing_eagerly() else "a tensor"
-
-
 def _check_tensor(tensor, argument, op=None):
     if tensor.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
