@@ -100,7 +100,9 @@ def test_cross_node_bytes_went_over_the_links(launch_name):
             n = nodes * per_node
             share = 2 * (n - 1) / n if per_node == 1 else 0.5
             payload = sum(r["flat_bytes"] for r in mine) * share
-        assert payload > 1e6, (launch_name, mine)
+        # The collectives' cases move megabytes; the training cases' models
+        # are small (kilobytes a step), but their gradients crossed too.
+        assert payload > (1e6 if LAUNCHES[launch_name][3] == SCRIPT else 1e3), (launch_name, mine)
         assert sent[i] >= payload and received[i] >= payload * 0.9, (
             f"node{i + 1}: the link carried {sent[i]} bytes out and {received[i]} in, but the "
             f"ranks' counters imply at least {payload:.0f}: the traffic did not cross the link")
