@@ -9,9 +9,8 @@ the cases, one ``DDLTRAFFIC {json}`` line with its traffic counters, which the
 cluster tests compare with the bytes the network links carried.
 """
 
-import os
-
 import json
+import os
 import sys
 import time
 import traceback
