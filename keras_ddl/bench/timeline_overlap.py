@@ -26,7 +26,9 @@ import bisect
 import json
 import statistics
 
-COLLECTIVE_SPANS = ("ALLREDUCE", "GROUPED_ALLREDUCE")
+# The executor names every allreduce span so, grouped calls included
+# (engine/executor.cc).
+ALLREDUCE_SPAN = "ALLREDUCE"
 
 
 def read_trace(path):
@@ -47,7 +49,7 @@ def collectives(events, min_bytes=256):
         key = (e.get("pid"), e.get("tid"))
         if e["name"] == "NEGOTIATE":
             handed.setdefault(key, []).append(e["ts"] / 1e6)
-        elif e["name"] in COLLECTIVE_SPANS:
+        elif e["name"] == ALLREDUCE_SPAN:
             nbytes = e.get("args", {}).get("bytes", 0)
             spans.setdefault(key, []).append((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, nbytes))
     out = []
