@@ -43,7 +43,9 @@ How the replicas stay identical:
   ``result()`` -- per step, per epoch, in ``evaluate`` -- is the global value.
 * Other non-trainable floating variables assigned inside ``strategy.run``
   (BatchNormalization's moving statistics) get the mean over ranks of the
-  assigned value, like ``MirroredStrategy``'s MEAN aggregation.
+  assigned value, like ``MirroredStrategy``'s MEAN aggregation: assigned
+  locally when the layer runs, then averaged together in one grouped
+  allreduce at the end of the replica step (``_average_step_assignments``).
 """
 
 import contextlib
@@ -238,6 +240,12 @@ class _SyncedVariableMixin:
                 old = self.read_value()
                 return old + ddl_ops.allreduce(value - old, op=ddl_ops.Sum)
             return ddl_ops.allreduce(value, op=ddl_ops.Sum)
+        if mode == "step_mean":
+            step = getattr(_step_means, "pending", None)
+            if step is not None and kind == "assign":
+                step.setdefault(id(self), self)  # averaged once, after the replica step
+                return None
+            mode = "mean"
         if mode == "mean":
             return ddl_ops.allreduce(value, op=ddl_ops.Average)
         return _broadcast_any(value, None)  # "first": rank 0's value
@@ -258,6 +266,31 @@ class _SyncedVariableMixin:
 
 
 _synced_classes = {}
+# Variables of "step_mean" mode assigned in the running replica step (see
+# _average_step_assignments); None outside a step.
+_step_means = threading.local()
+
+
+def _average_step_assignments(pending):
+    """Replaces each variable in ``pending`` by its mean over ranks, in one
+    grouped allreduce.
+
+    A "step_mean" variable assigned inside the replica step (BatchNormalization's
+    moving statistics: some hundred small tensors per step in a ResNet) is
+    assigned locally when the layer runs and averaged here, once, instead of
+    one allreduce per assignment in the forward pass. The result is the same
+    as averaging each assignment -- bitwise, for one assignment per step of
+    a value computed from the (identical) old value -- and the allreduce
+    starts as soon as the last of these assignments has run, overlapping
+    the rest of the step.
+    """
+    if not pending:
+        return
+    variables = list(pending.values())  # traced in program order: the same on every rank
+    averaged = ddl_ops.grouped_allreduce([v.read_value() for v in variables],
+                                         op=ddl_ops.Average)
+    for variable, value in zip(variables, averaged):
+        super(_SyncedVariableMixin, variable).assign(value)
 
 
 def _sync_mode(variable, optimizer_slot):
@@ -281,7 +314,10 @@ def _sync_mode(variable, optimizer_slot):
         return "sum"
     if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
         return "first"
-    return "mean"  # NONE or MEAN: BatchNormalization's moving statistics
+    # NONE or MEAN: BatchNormalization's moving statistics. Assigned values
+    # are averaged at the end of the step (_average_step_assignments); an
+    # ON_READ "mean" variable may be read inside the step, so it is not.
+    return "step_mean"
 
 
 def _make_synced(variable, optimizer_slot):
@@ -433,8 +469,15 @@ class _DDLExtended(_ExtendedBase):
     # running replica functions
 
     def _call_for_each_replica(self, fn, args, kwargs):
-        with tf.device(self._device), _DDLReplicaContext(self._container_strategy()):
-            return fn(*args, **kwargs)
+        outer = getattr(_step_means, "pending", None)
+        _step_means.pending = {} if self._size > 1 else None
+        try:
+            with tf.device(self._device), _DDLReplicaContext(self._container_strategy()):
+                result = fn(*args, **kwargs)
+                _average_step_assignments(_step_means.pending)
+        finally:
+            _step_means.pending = outer
+        return result
 
     def _get_local_replica_id(self, replica_id_in_sync_group):
         return 0  # the one replica this process holds

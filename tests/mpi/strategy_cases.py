@@ -542,6 +542,58 @@ def batchnorm_and_dropout_stay_bitwise_identical():
 
 
 @case
+def batchnorm_moving_statistics_are_averaged_once_per_step():
+    seed_differently()
+    x, y = data(seed=12)
+    momentum = 0.9
+
+    def build():
+        return keras.Sequential([
+            keras.Input((FEATURES,)), keras.layers.BatchNormalization(momentum=momentum),
+            keras.layers.Dense(8), keras.layers.BatchNormalization(momentum=momentum),
+            keras.layers.Dense(CLASSES)])
+
+    import keras_ddl.strategy as strategy_module
+    calls = []
+    real_allreduce, real_grouped = strategy_module.ddl_ops.allreduce, \
+        strategy_module.ddl_ops.grouped_allreduce
+
+    def allreduce(tensor, *args, **kwargs):
+        calls.append(("allreduce", kwargs.get("op", args[0] if args else None), 1))
+        return real_allreduce(tensor, *args, **kwargs)
+
+    def grouped(tensors, *args, **kwargs):
+        calls.append(("grouped", kwargs.get("op", args[0] if args else None), len(tensors)))
+        return real_grouped(tensors, *args, **kwargs)
+
+    with strategy.scope():
+        model = compile_model(build())
+        model.optimizer.build(model.trainable_variables)
+    strategy_module.ddl_ops.allreduce, strategy_module.ddl_ops.grouped_allreduce = \
+        allreduce, grouped
+    try:
+        model.fit(dataset(x, y), epochs=1, verbose=0)
+    finally:
+        strategy_module.ddl_ops.allreduce, strategy_module.ddl_ops.grouped_allreduce = \
+            real_allreduce, real_grouped
+    # Traced once: the four moving statistics in one grouped average, none alone.
+    averages = [c for c in calls if c[1] == ddl.Average]
+    assert averages == [("grouped", ddl.Average, 4)], calls
+    same_on_all_ranks(all_state(model), "state with two BatchNormalization layers")
+    # The first layer's statistics: an EMA of the mean over ranks of each
+    # rank's batch moments (rank r holds rows [r*B, (r+1)*B) of each batch).
+    mean, var = np.zeros(FEATURES), np.ones(FEATURES)
+    for step in range(STEPS):
+        batch = x[step * GB:(step + 1) * GB].astype(np.float64)
+        slices = [batch[r * B:(r + 1) * B] for r in range(size)]
+        mean = momentum * mean + (1 - momentum) * np.mean([s.mean(0) for s in slices], 0)
+        var = momentum * var + (1 - momentum) * np.mean([s.var(0) for s in slices], 0)
+    bn = model.layers[0]
+    np.testing.assert_allclose(bn.moving_mean.numpy(), mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn.moving_variance.numpy(), var, rtol=1e-5, atol=1e-6)
+
+
+@case
 def save_and_load_a_keras_file():
     seed_differently()
     x, y = data(seed=11)
