@@ -93,9 +93,13 @@ absl::Status UnknownFirstDim(InferenceContext* c) {
 // Every op takes its collective's name as a trailing scalar string input so
 // eager calls with fresh names reuse one cached kernel; an empty name means
 // "use this node's name", which is deterministic across ranks in a graph.
+// wire_dtype: -1 sends the tensor as it is; kFloat16 (0) or kBFloat16 (1)
+// sends a float32 tensor in that dtype (Compression.fp16 / bf16): the core
+// converts as it packs and unpacks, and sums across nodes in it.
 REGISTER_OP("DdlAllreduce")
     .Attr(std::string("T: ") + kTypes)
     .Attr("reduce_op: int")
+    .Attr("wire_dtype: int = -1")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("reduced: T")
@@ -104,6 +108,7 @@ REGISTER_OP("DdlAllreduce")
 REGISTER_OP("DdlGroupedAllreduce")
     .Attr(std::string("T: list(") + kTypes + ") >= 1")
     .Attr("reduce_op: int")
+    .Attr("wire_dtype: int = -1")
     .Input("tensors: T")
     .Input("tensor_name: string")
     .Output("reduced: T")
@@ -150,6 +155,13 @@ class CollectiveKernel : public AsyncOpKernel {
       op_ = static_cast<ddl::ReduceOp>(op);
     }
     if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+    if (c->HasAttr("wire_dtype")) {
+      OP_REQUIRES_OK(c, c->GetAttr("wire_dtype", &wire_));
+      OP_REQUIRES(c, wire_ == -1 || wire_ == static_cast<int>(ddl::DataType::kFloat16) ||
+                         wire_ == static_cast<int>(ddl::DataType::kBFloat16),
+                  absl::InvalidArgumentError("wire_dtype=" + std::to_string(wire_) +
+                                             " is not -1 (none), float16 or bfloat16"));
+    }
   }
 
  protected:
@@ -171,6 +183,7 @@ class CollectiveKernel : public AsyncOpKernel {
     w->name = name;
     w->collective = collective_;
     w->op = op_;
+    w->wire = wire_ < 0 ? w->dtype : static_cast<ddl::DataType>(wire_);
     w->root = root_;
     for (int d = 0; d < in.dims(); ++d) w->shape.push_back(in.dim_size(d));
     w->input = in.data();
@@ -233,6 +246,7 @@ class CollectiveKernel : public AsyncOpKernel {
   ddl::Collective collective_;
   ddl::ReduceOp op_ = ddl::ReduceOp::kSum;
   int root_ = 0;
+  int wire_ = -1;
 };
 
 // Allreduce and broadcast: output has the input's shape. Broadcast's is

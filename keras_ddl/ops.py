@@ -146,15 +146,34 @@ def _name_input(name, kind, carried=None):
     return tf.constant(name, dtype=tf.string)
 
 
+# The core's codes for the dtypes it can send a float32 allreduce in
+# (DataType in custom_ops/common/types.h).
+_WIRE_CODES = {tf.float16: 0, tf.bfloat16: 1}
+
+
 class Compression:
-    """Wire compression for floating tensors: cast for the transfer and back."""
+    """Wire compression for floating tensors: sent in a 16-bit float dtype.
+
+    A float32 allreduce is converted by the core as it packs the fused
+    buffer and back as it unpacks it; across nodes the sum is taken in the
+    wire dtype, inside a node's shared memory in float32. Other floating
+    dtypes are cast before the collective and back after it.
+    """
 
     class _Cast:
         def __init__(self, wire_dtype, label):
             self.wire_dtype = wire_dtype
             self.label = label
 
+        def engine_wire(self, tensor):
+            """The op's ``wire_dtype``: the core converts ``tensor`` (-1: it does not)."""
+            if self.wire_dtype is not None and tensor.dtype == tf.float32:
+                return _WIRE_CODES[self.wire_dtype]
+            return -1
+
         def compress(self, tensor):
+            if self.engine_wire(tensor) >= 0:
+                return tensor, None
             if tensor.dtype.is_floating and tensor.dtype != self.wire_dtype:
                 return tf.cast(tensor, self.wire_dtype), tensor.dtype
             return tensor, None
@@ -186,7 +205,8 @@ def allreduce(tensor, op=Average, name=None, compression=Compression.none):
     tensor = _to_tensor(tensor, "tensor")
     _check_tensor(tensor, "tensor", op)
     wire, original = compression.compress(tensor)
-    out = op_library().ddl_allreduce(wire, _name_input(name, "allreduce"), reduce_op=int(op))
+    out = op_library().ddl_allreduce(wire, _name_input(name, "allreduce"), reduce_op=int(op),
+                                     wire_dtype=compression.engine_wire(tensor))
     return compression.decompress(out, original)
 
 
@@ -213,8 +233,10 @@ def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.no
         wire, original = compression.compress(t)
         wires.append(wire)
         originals.append(original)
+    # One attribute for the op: it applies to the float32 members only.
+    engine_wire = max(compression.engine_wire(t) for t in tensors)
     outs = op_library().ddl_grouped_allreduce(
-        wires, _name_input(name, "grouped_allreduce"), reduce_op=int(op))
+        wires, _name_input(name, "grouped_allreduce"), reduce_op=int(op), wire_dtype=engine_wire)
     return [compression.decompress(o, orig) for o, orig in zip(outs, originals)]
 
 
@@ -295,7 +317,8 @@ def _allreduce_grad(op, grad):
     if reduce_op not in (Sum, Average):
         raise LookupError(f"keras_ddl: allreduce with op={reduce_op.name} has no gradient")
     return [op_library().ddl_allreduce(grad, _name_input(None, "allreduce.grad"),
-                                       reduce_op=int(reduce_op)), None]
+                                       reduce_op=int(reduce_op),
+                                       wire_dtype=op.get_attr("wire_dtype")), None]
 
 
 @tf.RegisterGradient("DdlGroupedAllreduce")
@@ -305,7 +328,8 @@ def _grouped_allreduce_grad(op, *grads):
         raise LookupError(f"keras_ddl: grouped_allreduce with op={reduce_op.name} has no gradient")
     grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs[:-1])]
     reduced = op_library().ddl_grouped_allreduce(
-        grads, _name_input(None, "grouped_allreduce.grad"), reduce_op=int(reduce_op))
+        grads, _name_input(None, "grouped_allreduce.grad"), reduce_op=int(reduce_op),
+        wire_dtype=op.get_attr("wire_dtype"))
     return list(reduced) + [None]
 
 

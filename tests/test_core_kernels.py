@@ -23,6 +23,7 @@ def build_and_run(program, sources, tmp_path):
 
 
 def test_float16_kernels_match_the_scalar_definition(tmp_path):
-    proc = build_and_run("half_kernels.cc", ["common/reduce_kernels.cc"], tmp_path)
+    proc = build_and_run("half_kernels.cc", ["common/reduce_kernels.cc", "common/types.cc"],
+                         tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert " 0 mismatches" in proc.stdout, proc.stdout

@@ -10,8 +10,8 @@
 
 namespace ddl {
 
-void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                        NodePhaseTimes* times, const SharedResult* into) {
+void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType wire,
+                        ReduceOp op, NodePhaseTimes* times, const SharedResult* into) {
   NodePhaseTimes local_times;
   NodePhaseTimes& t = times ? *times : local_times;
   PhaseClock clock;
@@ -68,9 +68,18 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp
       }
     }
     clock.Lap(t.reduce_scatter);
-    if (across && slice[me] > 0) {
+    if (across && slice[me] > 0 && wire == dtype) {
       OrderedAllreduce(*cross_, mine, slice[me], dtype, cross_op);
       traffic_.cross_node_bytes += slice[me] * elem;
+    } else if (across && slice[me] > 0) {
+      // Converted per chunk, so while this rank converts, the other local
+      // ranks' slices are on the network.
+      const size_t wire_bytes = slice[me] * DataTypeSize(wire);
+      if (wire_slice_.size() < wire_bytes) wire_slice_.resize(wire_bytes);
+      Convert(wire_slice_.data(), wire, mine, dtype, slice[me]);
+      OrderedAllreduce(*cross_, wire_slice_.data(), slice[me], wire, cross_op);
+      Convert(mine, dtype, wire_slice_.data(), wire, slice[me]);
+      traffic_.cross_node_bytes += wire_bytes;
     }
     clock.Lap(t.cross_node);
     if (op == ReduceOp::kAverage) DivideBy(mine, slice[me], dtype, world_size_);

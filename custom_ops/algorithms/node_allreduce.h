@@ -56,10 +56,13 @@ class NodeAllreduce {
   NodeAllreduce(ShmArena& arena, Transport* cross, int world_size, TrafficCounters& traffic)
       : arena_(arena), cross_(cross), world_size_(world_size), traffic_(traffic) {}
 
-  // `times`, if given, receives the time spent per phase. With `into`, the
-  // owner of each slice writes it there, once for the node, and nobody
-  // copies results out; the call returns when the whole result is there.
-  void Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+  // `wire` is the dtype the cross-node step sends (see Convert): `dtype`,
+  // or a 16-bit float for a float32 buffer, which halves the bytes on the
+  // network while the node's ranks still sum in float32. `times`, if given,
+  // receives the time spent per phase. With `into`, the owner of each
+  // slice writes it there, once for the node, and nobody copies results
+  // out; the call returns when the whole result is there.
+  void Run(const std::vector<Span>& spans, DataType dtype, DataType wire, ReduceOp op,
            NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr);
 
  private:
@@ -68,6 +71,7 @@ class NodeAllreduce {
   int world_size_;
   TrafficCounters& traffic_;
   uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls
+  std::vector<char> wire_slice_;  // a slice in the wire dtype, when that differs
 };
 
 }  // namespace ddl

@@ -7,8 +7,9 @@ namespace {
 constexpr size_t kTensorAlignment = 64;
 }  // namespace
 
-bool SharedOutputAllreduce::Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                                std::vector<Output>* outputs, NodePhaseTimes* times) {
+bool SharedOutputAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType wire,
+                                ReduceOp op, std::vector<Output>* outputs,
+                                NodePhaseTimes* times) {
   const size_t elem = DataTypeSize(dtype);
   std::vector<size_t> at(spans.size());
   size_t block_bytes = 0;
@@ -34,7 +35,7 @@ bool SharedOutputAllreduce::Run(const std::vector<Span>& spans, DataType dtype, 
   std::shared_ptr<void> hold = pool_->Hold(offset);
   char* const block = pool_->base() + offset;
   const SharedResult into{block, &at};
-  node_.Run(spans, dtype, op, times, &into);
+  node_.Run(spans, dtype, wire, op, times, &into);
 
   outputs->clear();
   for (size_t i = 0; i < spans.size(); ++i) outputs->push_back({block + at[i], hold});

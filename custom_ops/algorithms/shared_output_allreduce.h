@@ -35,7 +35,7 @@ class SharedOutputAllreduce {
   // Reads spans[i].in, ignores spans[i].out; fills *outputs. Returns false,
   // on every local rank alike, when the pool had no room; nothing was
   // reduced then and the caller runs NodeAllreduce into its own outputs.
-  bool Run(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+  bool Run(const std::vector<Span>& spans, DataType dtype, DataType wire, ReduceOp op,
            std::vector<Output>* outputs, NodePhaseTimes* times);
 
  private:

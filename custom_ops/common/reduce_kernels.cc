@@ -168,6 +168,39 @@ __attribute__((target("avx,f16c"))) void Half8(uint16_t* dst, const uint16_t* a,
 }
 #endif
 
+#ifdef DDL_F16C_KERNELS
+__attribute__((target("avx,f16c"))) void FloatsToHalf8(uint16_t* dst, const float* src,
+                                                       int64_t count) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < count; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) void HalfsToFloat8(float* dst, const uint16_t* src,
+                                                       int64_t count) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  for (; i < count; ++i) dst[i] = HalfToFloat(src[i]);
+}
+#endif
+
+template <uint16_t (*FromFloat)(float)>
+void FloatsTo16(uint16_t* dst, const float* src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(src[i]);
+}
+
+template <float (*ToFloat)(uint16_t)>
+void FloatsFrom16(float* dst, const uint16_t* src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = ToFloat(src[i]);
+}
+
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void Divide16(uint16_t* buffer, int64_t count, int divisor) {
   const float d = static_cast<float>(divisor);
@@ -215,6 +248,36 @@ void ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType d
       return ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(a),
                          static_cast<const int8_t*>(b), count, op);
   }
+}
+
+bool Convert(void* dst, DataType to, const void* src, DataType from, int64_t count) {
+  if (to == from) {
+    if (count > 0 && dst != src) std::memcpy(dst, src, count * DataTypeSize(to));
+    return true;
+  }
+  auto* f32_out = static_cast<float*>(dst);
+  auto* f32_in = static_cast<const float*>(src);
+  auto* u16_out = static_cast<uint16_t*>(dst);
+  auto* u16_in = static_cast<const uint16_t*>(src);
+  if (from == DataType::kFloat32 && to == DataType::kFloat16) {
+#ifdef DDL_F16C_KERNELS
+    if (HaveF16C()) return FloatsToHalf8(u16_out, f32_in, count), true;
+#endif
+    return FloatsTo16<FloatToHalf>(u16_out, f32_in, count), true;
+  }
+  if (from == DataType::kFloat16 && to == DataType::kFloat32) {
+#ifdef DDL_F16C_KERNELS
+    if (HaveF16C()) return HalfsToFloat8(f32_out, u16_in, count), true;
+#endif
+    return FloatsFrom16<HalfToFloat>(f32_out, u16_in, count), true;
+  }
+  if (from == DataType::kFloat32 && to == DataType::kBFloat16) {
+    return FloatsTo16<FloatToBFloat16>(u16_out, f32_in, count), true;
+  }
+  if (from == DataType::kBFloat16 && to == DataType::kFloat32) {
+    return FloatsFrom16<BFloat16ToFloat>(f32_out, u16_in, count), true;
+  }
+  return false;
 }
 
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {

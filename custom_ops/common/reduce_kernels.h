@@ -19,6 +19,12 @@ void ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType d
 // Only floating dtypes; integer Average is rejected before it gets here.
 void DivideBy(void* buffer, int64_t count, DataType dtype, int divisor);
 
+// dst[i] = src[i] converted from `from` to `to`, rounded to nearest even:
+// float32 to or from float16 / bfloat16 (a wire format that halves the
+// bytes on the network), or a plain copy when the dtypes are equal.
+// Returns false, converting nothing, for any other pair.
+bool Convert(void* dst, DataType to, const void* src, DataType from, int64_t count);
+
 // Conversions used by the 16-bit float kernels, exposed for tests.
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

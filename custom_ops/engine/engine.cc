@@ -214,6 +214,8 @@ void Engine::Admit(Work work) {
   p.request.rank = ctx_->rank;
   p.request.collective = work.collective;
   p.request.dtype = work.dtype;
+  work.wire = WireDtype(work);
+  p.request.wire = work.wire;
   p.request.op = work.op;
   p.request.root = work.root;
   p.request.shape = work.shape;

@@ -4,10 +4,12 @@
 #include <cctype>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "../algorithms/pairwise.h"
 #include "../algorithms/ring.h"
+#include "../common/reduce_kernels.h"
 
 namespace ddl {
 
@@ -21,14 +23,14 @@ void CopyUnlessSame(void* dst, const void* src, size_t bytes) {
 
 void Executor::Run(std::vector<Work>& ready) {
   const size_t threshold = static_cast<size_t>(ctx_.config.fusion_threshold_mb * 1024 * 1024);
-  // Batches keyed by (dtype, op) in order of first appearance: the same list
-  // on every rank gives the same batches everywhere.
+  // Batches keyed by (dtype, wire dtype, op) in order of first appearance:
+  // the same list on every rank gives the same batches everywhere.
   std::vector<std::vector<Work*>> batches;
-  std::vector<size_t> batch_bytes;                        // parallel to batches
-  std::map<std::pair<DataType, ReduceOp>, size_t> open;  // key -> index into batches
+  std::vector<size_t> batch_bytes;  // parallel to batches
+  std::map<std::tuple<DataType, DataType, ReduceOp>, size_t> open;  // key -> batch index
   for (Work& w : ready) {
     if (w.collective != Collective::kAllreduce) continue;
-    auto key = std::make_pair(w.dtype, w.op);
+    auto key = std::make_tuple(w.dtype, w.wire, w.op);
     auto it = open.find(key);
     if (it == open.end() || batch_bytes[it->second] + Bytes(w) > threshold) {
       batches.emplace_back();
@@ -103,7 +105,8 @@ bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* 
   for (Work* w : batch) spans.push_back({w->input, nullptr, NumElements(w->shape)});
   std::vector<SharedOutputAllreduce::Output> results;
   NodePhaseTimes times;
-  if (!shared_output_->Run(spans, batch[0]->dtype, batch[0]->op, &results, &times)) {
+  if (!shared_output_->Run(spans, batch[0]->dtype, batch[0]->wire, batch[0]->op, &results,
+                           &times)) {
     phases->emplace_back("SHM_OUTPUT_POOL_FULL",
                          std::chrono::duration<double>(Timeline::Clock::now() - start).count());
     return false;
@@ -128,6 +131,7 @@ bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* 
 void Executor::AllreduceBatch(std::vector<Work*>& batch) {
   using Clock = Timeline::Clock;
   const DataType dtype = batch[0]->dtype;
+  const DataType wire = batch[0]->wire;  // the batch's key: the same for all
   const ReduceOp op = batch[0]->op;
   size_t total = 0;
   for (Work* w : batch) total += Bytes(*w);
@@ -148,46 +152,49 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
     std::vector<Span> spans;
     for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
     NodePhaseTimes times;
-    node_allreduce_->Run(spans, dtype, op, &times);
+    node_allreduce_->Run(spans, dtype, wire, op, &times);
     phases.insert(phases.end(), {{"SHM_COPY_IN", times.copy_in},
                                  {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
                                  {"CROSS_NODE_ALLREDUCE", times.cross_node},
                                  {"INTRA_NODE_ALL_GATHER", times.all_gather}});
   } else {
     AllocateOutputs(batch, &status, &scratch);
-    // A single tensor is reduced in its output; several are packed first.
+    // A single tensor is reduced in its output; several, or a tensor sent
+    // in another dtype, are packed (converted) into the fusion buffer first.
+    const bool packed = batch.size() > 1 || wire != dtype;
+    const int64_t count = static_cast<int64_t>(total / DataTypeSize(dtype));
+    const size_t wire_elem = DataTypeSize(wire);
     char* buffer = static_cast<char*>(batch[0]->output);
     auto t = Clock::now();
-    if (batch.size() == 1) {
+    if (!packed) {
       CopyUnlessSame(buffer, batch[0]->input, total);
     } else {
-      if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+      if (fusion_buffer_.size() < count * wire_elem) fusion_buffer_.resize(count * wire_elem);
       buffer = fusion_buffer_.data();
       size_t offset = 0;
       for (Work* w : batch) {
-        CopyUnlessSame(buffer + offset, w->input, Bytes(*w));
-        offset += Bytes(*w);
+        Convert(buffer + offset, wire, w->input, dtype, NumElements(w->shape));
+        offset += NumElements(w->shape) * wire_elem;
       }
     }
     phases.emplace_back("MEMCPY_IN_FUSION_BUFFER", seconds_since(t));
     t = Clock::now();
-    const int64_t count = static_cast<int64_t>(total / DataTypeSize(dtype));
     const std::vector<int64_t> segments = EvenSegments(count, ctx_.size);
-    if (ctx_.size > 1 && count > 0) PairwiseReduceScatter(*ctx_.world, buffer, segments, dtype, op);
+    if (ctx_.size > 1 && count > 0) PairwiseReduceScatter(*ctx_.world, buffer, segments, wire, op);
     phases.emplace_back("PAIRWISE_REDUCE_SCATTER", seconds_since(t));
     t = Clock::now();
-    if (ctx_.size > 1 && count > 0) RingAllgather(*ctx_.world, buffer, segments, dtype);
+    if (ctx_.size > 1 && count > 0) RingAllgather(*ctx_.world, buffer, segments, wire);
     phases.emplace_back("RING_ALLGATHER", seconds_since(t));
     t = Clock::now();
-    if (batch.size() > 1) {
+    if (packed) {
       size_t offset = 0;
       for (Work* w : batch) {
-        CopyUnlessSame(w->output, buffer + offset, Bytes(*w));
-        offset += Bytes(*w);
+        Convert(w->output, dtype, buffer + offset, wire, NumElements(w->shape));
+        offset += NumElements(w->shape) * wire_elem;
       }
     }
     phases.emplace_back("MEMCPY_OUT_FUSION_BUFFER", seconds_since(t));
-    traffic_.flat_bytes += total;
+    traffic_.flat_bytes += count * wire_elem;
   }
   const auto end = Clock::now();
   if (ctx_.timeline) {

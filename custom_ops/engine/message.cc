@@ -7,8 +7,8 @@
 namespace ddl {
 
 bool Request::Compatible(const Request& other) const {
-  if (collective != other.collective || dtype != other.dtype || op != other.op ||
-      root != other.root || shape.size() != other.shape.size()) {
+  if (collective != other.collective || dtype != other.dtype || wire != other.wire ||
+      op != other.op || root != other.root || shape.size() != other.shape.size()) {
     return false;
   }
   size_t first = collective == Collective::kAllgather ? 1 : 0;
@@ -27,6 +27,11 @@ std::string Request::Difference(const Request& other) const {
     pair("operation", CollectiveName(collective), CollectiveName(other.collective));
   } else if (dtype != other.dtype) {
     pair("dtype", DataTypeName(dtype), DataTypeName(other.dtype));
+  } else if (wire != other.wire) {
+    auto compression = [&](DataType w) {
+      return w == dtype ? std::string("none") : std::string(DataTypeName(w));
+    };
+    pair("compression", compression(wire), compression(other.wire));
   } else if (op != other.op) {
     pair("reduction op", ReduceOpName(op), ReduceOpName(other.op));
   } else if (root != other.root) {
@@ -97,6 +102,7 @@ std::vector<char> EncodeRequests(const std::vector<Request>& requests) {
     w.Put<int32_t>(r.rank);
     w.Put<uint8_t>(static_cast<uint8_t>(r.collective));
     w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
+    w.Put<uint8_t>(static_cast<uint8_t>(r.wire));
     w.Put<uint8_t>(static_cast<uint8_t>(r.op));
     w.Put<int32_t>(r.root);
     w.Put<uint32_t>(static_cast<uint32_t>(r.shape.size()));
@@ -116,6 +122,7 @@ std::vector<Request> DecodeRequests(const std::vector<char>& bytes) {
     r.rank = rd.Get<int32_t>();
     r.collective = static_cast<Collective>(rd.Get<uint8_t>());
     r.dtype = static_cast<DataType>(rd.Get<uint8_t>());
+    r.wire = static_cast<DataType>(rd.Get<uint8_t>());
     r.op = static_cast<ReduceOp>(rd.Get<uint8_t>());
     r.root = rd.Get<int32_t>();
     r.shape.resize(rd.Get<uint32_t>());

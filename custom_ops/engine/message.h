@@ -16,6 +16,7 @@ struct Request {
   int32_t rank = 0;
   Collective collective = Collective::kAllreduce;
   DataType dtype = DataType::kFloat32;
+  DataType wire = DataType::kFloat32;  // Work::wire, resolved (WireDtype)
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   std::vector<int64_t> shape;

@@ -16,6 +16,9 @@ struct Work {
   std::string name;  // identical on every rank for the same collective
   Collective collective = Collective::kAllreduce;
   DataType dtype = DataType::kFloat32;
+  // The dtype an allreduce's data crosses the network in: `dtype`, or for a
+  // float32 tensor with compression, float16 / bfloat16 (see WireDtype).
+  DataType wire = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   std::vector<int64_t> shape;
@@ -35,6 +38,15 @@ struct Work {
   // Set by the engine when the work is enqueued (for the timeline).
   std::chrono::steady_clock::time_point enqueued;
 };
+
+// `wire` when it is a conversion the core makes (a float32 allreduce sent
+// as float16 or bfloat16), otherwise `dtype`.
+inline DataType WireDtype(const Work& w) {
+  const bool converts = w.collective == Collective::kAllreduce &&
+                        w.dtype == DataType::kFloat32 &&
+                        (w.wire == DataType::kFloat16 || w.wire == DataType::kBFloat16);
+  return converts ? w.wire : w.dtype;
+}
 
 // Calls the done callback once; later calls are no-ops.
 inline void Finish(Work& work, const Status& status) {

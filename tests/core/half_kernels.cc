@@ -3,6 +3,7 @@
 // Random bit patterns cover subnormals, infinities and overflow; only a
 // NaN's payload may differ. Exits non-zero on a mismatch.
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -42,6 +43,28 @@ int main() {
     const uint16_t expected = FloatToHalf(HalfToFloat(a[i]) / 3.0f);
     if (divided[i] != expected && !(IsNan(divided[i]) && IsNan(expected))) ++wrong;
   }
-  std::printf("float16 kernels: %ld mismatches in %d elements x 6 operations\n", wrong, n);
+  // The wire conversions: float32 -> float16 against FloatToHalf over random
+  // float bit patterns (around half's range, overflow and subnormals
+  // included), and float16 -> float32 against HalfToFloat.
+  std::vector<float> floats(n), back(n);
+  for (int i = 0; i < n; ++i) {
+    uint32_t bits = static_cast<uint32_t>(rng());
+    bits = (bits & 0x80000000u) | (0x30000000u + bits % 0x18000000u);  // ~2^-31 .. 2^17
+    std::memcpy(&floats[i], &bits, sizeof(bits));
+  }
+  if (!Convert(out.data(), DataType::kFloat16, floats.data(), DataType::kFloat32, n)) ++wrong;
+  for (int i = 0; i < n; ++i) {
+    if (out[i] != FloatToHalf(floats[i])) ++wrong;
+  }
+  if (!Convert(back.data(), DataType::kFloat32, a.data(), DataType::kFloat16, n)) ++wrong;
+  for (int i = 0; i < n; ++i) {
+    const float expected = HalfToFloat(a[i]);
+    if (std::memcmp(&back[i], &expected, sizeof(float)) != 0 &&
+        !(IsNan(a[i]) && back[i] != back[i])) {
+      ++wrong;
+    }
+  }
+  if (Convert(out.data(), DataType::kFloat16, a.data(), DataType::kInt32, 1)) ++wrong;
+  std::printf("float16 kernels: %ld mismatches in %d elements x 8 operations\n", wrong, n);
   return wrong == 0 ? 0 : 1;
 }

@@ -357,6 +357,9 @@ def mismatched_shape_dtype_op_error_on_every_rank():
                                               name="mm.op"),
         "root_rank": lambda: ddl.broadcast(tf.ones([2]), root_rank=0 if rank == 0 else 1,
                                            name="mm.root"),
+        "compression": lambda: ddl.allreduce(
+            tf.ones([2]), op=ddl.Sum, name="mm.compression",
+            compression=ddl.Compression.fp16 if rank == 0 else ddl.Compression.none),
     }
     for what, attempt in attempts.items():
         try:
@@ -470,14 +473,73 @@ def gradients_in_tf_function():
     _grad_checks(run)
 
 
+def _in_order(parts, add):
+    out = parts[0]
+    for p in parts[1:]:
+        out = add(out, p)
+    return out
+
+
+def compressed_reference(inputs, op, wire):
+    """What a float32 allreduce sent as ``wire`` gives, bit for bit: summed
+    in rank order in float32 inside a node's shared memory, in the wire
+    dtype (one rounding per addition) across nodes or on the flat path,
+    Average divided once at the end (in the dtype the sum was finished in)."""
+    algo = ddl.allreduce_algorithm()
+    f32 = [tf.constant(x, tf.float32) for x in inputs]
+    to_wire = lambda x: tf.cast(x, wire)
+    if algo == "flat":
+        total = _in_order([to_wire(x) for x in f32], tf.add)
+        if op == ddl.Average:
+            total = to_wire(tf.cast(total, tf.float32) / size)
+        return tf.cast(total, tf.float32).numpy()
+    local = ddl.local_size()
+    node_sums = [_in_order(f32[n:n + local], tf.add) for n in range(0, size, local)]
+    if algo == "shared_memory":
+        total = node_sums[0]  # nothing crosses a network: no conversion
+    else:
+        total = tf.cast(_in_order([to_wire(s) for s in node_sums], tf.add), tf.float32)
+    return (total / size if op == ddl.Average else total).numpy()
+
+
 @case
 def compression_fp16_and_bf16():
-    inputs = everyone([1001], tf.float32, seed=8)
-    expected = reference(inputs, ddl.Sum, tf.float32)
-    for compression in (ddl.Compression.fp16, ddl.Compression.bf16, ddl.Compression.none):
-        got = ddl.allreduce(tf.constant(inputs[rank]), op=ddl.Sum, compression=compression)
-        assert got.dtype == tf.float32, compression
-        assert_exact(got.numpy(), expected, repr(compression))
+    # Values that fp16 / bf16 cannot hold exactly: the results show where
+    # the conversions happen (the core converts float32; float64 is cast in
+    # TensorFlow before and after).
+    rng = np.random.default_rng(8 + rank)
+    mine = (rng.standard_normal(100003) * 3).astype(np.float32)
+    inputs = MPI.COMM_WORLD.allgather(mine)
+    for compression, wire in ((ddl.Compression.fp16, tf.float16),
+                              (ddl.Compression.bf16, tf.bfloat16)):
+        for op in (ddl.Sum, ddl.Average):
+            what = f"{compression!r} {op.name}"
+            before = ddl.traffic()
+            got = ddl.allreduce(tf.constant(mine), op=op, compression=compression)
+            after = ddl.traffic()
+            assert got.dtype == tf.float32, what
+            assert_exact(got.numpy(), compressed_reference(inputs, op, wire), what)
+            digests = MPI.COMM_WORLD.allgather(hashlib.sha256(got.numpy().tobytes()).hexdigest())
+            assert len(set(digests)) == 1, f"{what}: ranks differ"
+            # Two bytes per element on the network, not four.
+            sent = after["flat_bytes"] - before["flat_bytes"] + \
+                after["cross_node_bytes"] - before["cross_node_bytes"]
+            algo = ddl.allreduce_algorithm()
+            expected = {"flat": 2 * mine.size, "shared_memory": 0,
+                        "hierarchical": 2 * mine.size / ddl.local_size()}[algo]
+            assert abs(sent - expected) <= 2 * (mine.size // 65536 + 1), (what, sent, expected)
+        # Grouped, mixed dtypes: float32 members converted by the core,
+        # float64 ones cast around it; the same bits as one by one.
+        wide = tf.constant(mine.astype(np.float64))
+        grouped = ddl.grouped_allreduce([tf.constant(mine), wide], op=ddl.Sum,
+                                        compression=compression)
+        alone = [ddl.allreduce(tf.constant(mine), op=ddl.Sum, compression=compression),
+                 ddl.allreduce(wide, op=ddl.Sum, compression=compression)]
+        assert grouped[1].dtype == tf.float64
+        for g, a in zip(grouped, alone):
+            assert_exact(g.numpy(), a.numpy(), f"{compression!r} grouped vs alone")
+    got = ddl.allreduce(tf.constant(mine), op=ddl.Sum, compression=ddl.Compression.none)
+    assert_exact(got.numpy(), compressed_reference(inputs, ddl.Sum, tf.float32), "none")
 
 
 @case
