@@ -30,7 +30,8 @@ ALLREDUCE_CASES = [
     "topology_and_algorithm_follow_the_environment", "traffic_counters_follow_the_algorithm",
     "allreduce_every_dtype_op_and_length", "allreduce_scalars_empty_and_shapes",
     "allreduce_is_bitwise_identical_on_every_rank", "grouped_allreduce_200_tensors_mixed",
-    "out_of_order_submission_in_tf_function", "compression_fp16_and_bf16"]
+    "out_of_order_submission_in_tf_function", "compression_fp16_and_bf16",
+    "sum_order_is_fixed_whatever_the_fusion"]
 # (ranks, environment, cases): the two topologies that only check the
 # automatic choice run the quick cases.
 QUICK = ALLREDUCE_CASES[:3]

@@ -11,8 +11,9 @@ from conftest import MPI_DIR, run_mpi
 # shared result instead of every rank copying all slices out.
 NODE_PHASES = ["NEGOTIATE", "ALLREDUCE", "SHM_COPY_IN", "INTRA_NODE_REDUCE_SCATTER",
                "CROSS_NODE_ALLREDUCE", "INTRA_NODE_WRITE_SHARED_RESULT"]
-FLAT_PHASES = ["NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "PAIRWISE_REDUCE_SCATTER",
-               "RING_ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER"]
+# Small tensors go in one round of messages (algorithms/allreduce.cc).
+FLAT_PHASES = ["NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "DIRECT_EXCHANGE_ALLREDUCE",
+               "MEMCPY_OUT_FUSION_BUFFER"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,17 @@ def test_every_reduced_tensor_has_every_phase(timelines, run, phases):
     assert [e["name"] for e in by_row[f"{run}.bcast"]] == ["NEGOTIATE", "BROADCAST"]
     sizes = {e["args"]["bytes"] for e in by_row[f"{run}.single"] if e["name"] == "ALLREDUCE"}
     assert sizes == {4000, 4004, 4008}
+
+
+def test_flat_algorithm_follows_the_size(timelines):
+    # 2 ranks: up to 64 KB per rank one direct exchange, above it the
+    # pairwise reduce-scatter and ring all-gather.
+    by_row = rows(timelines["flat"])
+    for tensor, algorithm, other in (
+            ("flat.single", "DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"),
+            ("flat.large", "PAIRWISE_RING_ALLREDUCE", "DIRECT_EXCHANGE_ALLREDUCE")):
+        seen = [e["name"] for e in by_row[tensor]]
+        assert algorithm in seen and other not in seen, (tensor, seen)
 
 
 def test_markers_and_nested_phases(timelines):

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "../common/reduce_kernels.h"
-#include "pairwise.h"
+#include "allreduce.h"
 #include "ring.h"
 #include "span_walker.h"
 
@@ -69,7 +69,8 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
     }
     clock.Lap(t.reduce_scatter);
     if (across && slice[me] > 0 && wire == dtype) {
-      OrderedAllreduce(*cross_, mine, slice[me], dtype, cross_op);
+      ChooseAllreduce(cross_->size(), slice[me] * elem).run(*cross_, mine, slice[me], dtype,
+                                                             cross_op);
       traffic_.cross_node_bytes += slice[me] * elem;
     } else if (across && slice[me] > 0) {
       // Converted per chunk, so while this rank converts, the other local
@@ -77,7 +78,8 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
       const size_t wire_bytes = slice[me] * DataTypeSize(wire);
       if (wire_slice_.size() < wire_bytes) wire_slice_.resize(wire_bytes);
       Convert(wire_slice_.data(), wire, mine, dtype, slice[me]);
-      OrderedAllreduce(*cross_, wire_slice_.data(), slice[me], wire, cross_op);
+      ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, wire_slice_.data(), slice[me],
+                                                       wire, cross_op);
       Convert(mine, dtype, wire_slice_.data(), wire, slice[me]);
       traffic_.cross_node_bytes += wire_bytes;
     }

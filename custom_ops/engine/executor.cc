@@ -7,6 +7,7 @@
 #include <tuple>
 #include <utility>
 
+#include "../algorithms/allreduce.h"
 #include "../algorithms/pairwise.h"
 #include "../algorithms/ring.h"
 #include "../common/reduce_kernels.h"
@@ -179,12 +180,9 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
     }
     phases.emplace_back("MEMCPY_IN_FUSION_BUFFER", seconds_since(t));
     t = Clock::now();
-    const std::vector<int64_t> segments = EvenSegments(count, ctx_.size);
-    if (ctx_.size > 1 && count > 0) PairwiseReduceScatter(*ctx_.world, buffer, segments, wire, op);
-    phases.emplace_back("PAIRWISE_REDUCE_SCATTER", seconds_since(t));
-    t = Clock::now();
-    if (ctx_.size > 1 && count > 0) RingAllgather(*ctx_.world, buffer, segments, wire);
-    phases.emplace_back("RING_ALLGATHER", seconds_since(t));
+    const TransportAllreduce& algorithm = ChooseAllreduce(ctx_.size, count * wire_elem);
+    algorithm.run(*ctx_.world, buffer, count, wire, op);
+    phases.emplace_back(algorithm.name, seconds_since(t));
     t = Clock::now();
     if (packed) {
       size_t offset = 0;

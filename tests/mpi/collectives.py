@@ -179,6 +179,10 @@ def sum_order_is_fixed_whatever_the_fusion():
         nodes = [in_order(everything[i:i + local]) for i in range(0, size, local)]
         expected = in_order(nodes)
     assert_exact(ddl.allreduce(tf.constant(x), op=ddl.Sum).numpy(), expected, "alone")
+    # A small call goes in one direct exchange (flat, or across nodes when
+    # the slices are small), a large one through the pairwise ring: same bits.
+    assert_exact(ddl.allreduce(tf.constant(x[:1000]), op=ddl.Sum).numpy(), expected[:1000],
+                 "a small call")
     for pad in (1, 333, 70001):
         got = ddl.grouped_allreduce([tf.ones([pad]), tf.constant(x)], op=ddl.Sum)[1].numpy()
         assert_exact(got, expected, f"behind {pad} elements")

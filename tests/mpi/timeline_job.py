@@ -46,6 +46,8 @@ os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "flat.json")
 os.environ["DDL_ALLREDUCE"] = "flat"
 ddl.init()
 workload("flat")
+large = ddl.allreduce(tf.ones([100000]), op=ddl.Sum, name="flat.large")
+assert np.all(large.numpy() == ddl.size())
 ddl.shutdown()
 
 os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "killed.json")

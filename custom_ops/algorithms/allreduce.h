@@ -1,0 +1,39 @@
+// The allreduce algorithms over one transport (the flat world, or the
+// cross-node step of the hierarchical allreduce) and the rule that picks
+// one per call.
+//
+// All of them give the same bits: every element is combined in rank order,
+// ((x0 op x1) op x2) op ..., and divided once for Average, by whichever
+// rank holds it. So which algorithm runs, like how tensors were fused,
+// never changes a result.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../common/types.h"
+#include "../transport/transport.h"
+
+namespace ddl {
+
+struct TransportAllreduce {
+  const char* name;  // also the timeline phase of a call that used it
+  // True if it is a good choice for `bytes` per rank over `ranks` ranks.
+  bool (*suits)(int ranks, size_t bytes);
+  // In-place allreduce of `count` elements (Average divides by the ranks).
+  void (*run)(Transport& transport, void* buffer, int64_t count, DataType dtype, ReduceOp op);
+};
+
+// In order of preference; the last one suits every call.
+const std::vector<TransportAllreduce>& AllreduceAlgorithms();
+
+// The first algorithm of the list that suits the call.
+const TransportAllreduce& ChooseAllreduce(int ranks, size_t bytes);
+
+// Every rank sends its whole buffer to every other and combines all of
+// them: one round of messages, (ranks - 1) x the buffer sent per rank.
+void DirectExchangeAllreduce(Transport& transport, void* buffer, int64_t count, DataType dtype,
+                             ReduceOp op);
+
+}  // namespace ddl
