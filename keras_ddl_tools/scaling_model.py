@@ -632,6 +632,75 @@ def overlap_needed(point, systems=None, resolution=0.01):
 
 
 # ---------------------------------------------------------------------------
+# The overlap this repository measures on its own test cluster
+# ---------------------------------------------------------------------------
+
+def test_cluster_system(link_bits_per_s, step_s, link_efficiency=0.94):
+    """The cluster of ``python -m keras_ddl.bench fit --cluster 2``: two
+    network namespaces of one rank each (one CPU core, one TF thread), a
+    shaped link between them, keras_ddl's flat path. ``link_efficiency`` is
+    the fraction of the link rate a 64 MB allreduce reaches there
+    (docs/PERFORMANCE.md); ``step_s`` the measured one-rank step."""
+    return System(
+        name="netns_cluster",
+        description=f"2 network namespaces x 1 CPU rank, {link_bits_per_s / 1e9:g} Gbit/s "
+                    "links, keras_ddl flat path over MPI/TCP",
+        gpus_per_node=1,
+        intra=LOCAL_SHM_DEFAULT,
+        inter=Link(alpha=100 * US, bandwidth=link_bits_per_s / 8 * link_efficiency),
+        resnet50_step=step_s,
+        batch_per_gpu=8,
+        algorithm="ring", fusion="cycle", fusion_bytes=64 * 2**20, cycle=1 * MS,
+        negotiation=True,
+        sources=("python -m keras_ddl.bench fit --cluster 2 (docs/PERFORMANCE.md)",))
+
+
+def half_precision_wire(work):
+    """``work`` with every gradient sent in 16 bits (Compression.fp16)."""
+    return dataclasses.replace(work, name=work.name + " fp16 wire", tensors=tuple(
+        dataclasses.replace(t, nbytes=t.nbytes // 2) for t in work.tensors))
+
+
+def _fit_overlap_fraction(at, efficiency, resolution=0.01):
+    steps = int(round(1 / resolution))
+    fractions = [i / steps for i in range(steps + 1)]
+    return min(fractions, key=lambda f: abs(at.efficiency_at(f) - efficiency))
+
+
+def overlap_from_fit(fit, link_bits_per_s, model="resnet50"):
+    """The overlap fraction that reproduces each measured weak-scaling
+    efficiency of a ``bench fit --cluster 2 --json`` result (``fit``: its
+    parsed JSON), with the model's bounds: efficiency without any overlap
+    (f = 0) and with all of it (f = 1). Rows with overlap off have f = 0 by
+    construction and are skipped."""
+    rows = []
+    for r in fit["rows"]:
+        if r["overlap"] != "on":
+            continue
+        work = workload(model)
+        if r["wire"] != "fp32":
+            work = half_precision_wire(work)
+        system = test_cluster_system(link_bits_per_s, r["1rank_ms"] * MS)
+        at = simulate_step(system, work, 2)
+        rows.append({"overlap": r["overlap"], "wire": r["wire"], "measured": r["efficiency"],
+                     "model_f0": at.efficiency_at(0.0), "model_f1": at.efficiency_at(1.0),
+                     "fitted_f": _fit_overlap_fraction(at, r["efficiency"])})
+    return rows
+
+
+def parse_rate(text):
+    """'1gbit', '10gbit', '100mbit' -> bits per second."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if text.lower().endswith(unit):
+            try:
+                return float(text[:-len(unit)]) * scale
+            except ValueError:
+                break
+    raise ValueError(f"link rate {text!r}: expected a number and kbit, mbit or gbit")
+
+
+# ---------------------------------------------------------------------------
 # Calibration on this machine
 # ---------------------------------------------------------------------------
 
@@ -854,6 +923,10 @@ def add_arguments(parser):
                              "intra-node link")
     parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--fit-json", help="instead: the overlap fraction that reproduces each "
+                                           "efficiency of a 'bench fit --cluster 2 --json' file")
+    parser.add_argument("--link-rate", default="1gbit",
+                        help="with --fit-json: the link rate of that run (default 1gbit)")
 
 
 def _launcher_rank():
@@ -875,6 +948,18 @@ def _parse_gpus(text):
 
 def main(args, out=None):
     out = out or sys.stdout
+    if getattr(args, "fit_json", None):
+        try:
+            rate = parse_rate(args.link_rate)
+        except ValueError as e:
+            raise SystemExit(f"--link-rate: {e}")
+        with open(args.fit_json) as f:
+            rows = overlap_from_fit(json.load(f), rate, args.model)
+        print(format_table(f"overlap fraction fitted to {args.fit_json} ({args.link_rate} "
+                           "links, 2 nodes x 1 rank)",
+                           ["overlap", "wire", "measured", "model_f0", "model_f1", "fitted_f"],
+                           rows), file=out, flush=True)
+        return {"overlap_fit": rows}
     gpus = _parse_gpus(args.gpus) if args.gpus else list(DEFAULT_GPUS)
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     for a in algorithms:

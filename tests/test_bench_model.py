@@ -253,3 +253,29 @@ def test_cli_rejects_bad_input(capsys):
                  ["model", "--algorithms", "tree"], ["model", "--overlap", "2"]):
         with pytest.raises(SystemExit):
             _run_cli(argv, capsys)
+
+
+def test_overlap_fraction_refit_from_a_cluster_fit_result():
+    rate = 1e9
+    at = m.simulate_step(m.test_cluster_system(rate, 1.0), m.workload("resnet50"), 2)
+    fit = {"rows": [
+        {"overlap": "on", "wire": "fp32", "1rank_ms": 1000.0, "efficiency": at.efficiency_at(0.4)},
+        {"overlap": "off", "wire": "fp32", "1rank_ms": 1000.0, "efficiency": 0.3},
+        {"overlap": "on", "wire": "fp16", "1rank_ms": 1000.0, "efficiency": 0.2}]}
+    rows = m.overlap_from_fit(fit, rate)
+    assert [r["wire"] for r in rows] == ["fp32", "fp16"]  # overlap off: f = 0 by definition
+    assert rows[0]["fitted_f"] == pytest.approx(0.4, abs=0.011)
+    assert rows[0]["model_f0"] < rows[0]["measured"] < rows[0]["model_f1"]
+    # Half the bytes on the wire: better bounds; a measurement below what no
+    # overlap at all predicts is fitted as 0.
+    assert rows[1]["model_f0"] > rows[0]["model_f0"]
+    assert rows[1]["fitted_f"] == 0.0
+
+
+def test_link_rates_parse():
+    assert m.parse_rate("1gbit") == 1e9
+    assert m.parse_rate("100MBIT") == 1e8
+    assert m.parse_rate("2.5gbit") == 2.5e9
+    for bad in ("fast", "gbit", "10gb"):
+        with pytest.raises(ValueError, match="link rate"):
+            m.parse_rate(bad)
