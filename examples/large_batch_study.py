@@ -630,7 +630,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="docs/large_batch", help="output directory")
     p.add_argument(
         "--resume", action="store_true",
-        help="reuse the points of OUT/runs.json written with the same settings",
+        help="reuse the points of OUT/runs.json written with the same settings "
+        "(the lr grid may differ: points of multipliers in --lr-grid are reused)",
     )
     args = p.parse_args(argv)
     try:
@@ -646,6 +647,16 @@ def parse_args(argv=None):
     if args.train_samples < args.base_batch * max(MULTIPLIERS) or args.test_samples < 1:
         p.error("--samples too small for the largest batch")
     return args
+
+
+def resumable(saved, config):
+    """Whether points saved with settings `saved` can be reused under
+    `config`: every setting equal except the lr grid (a point is reused when
+    its multiplier is in the new grid)."""
+    if not saved:
+        return False
+    strip = lambda c: {k: v for k, v in c.items() if k != "lr_grid"}  # noqa: E731
+    return strip(saved) == strip(config)
 
 
 def _conditions(results, start_load):
@@ -664,7 +675,10 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     runs_path = os.path.join(args.out, "runs.json")
-    command = shlex.join(["python", "examples/large_batch_study.py"] + argv)
+    # The command that reproduces the results from scratch: without --resume.
+    command = shlex.join(
+        ["python", "examples/large_batch_study.py"] + [a for a in argv if a != "--resume"]
+    )
     nice = os.nice(0)
     if nice:
         command = f"nice -n {nice} " + command
@@ -675,10 +689,12 @@ def main(argv=None):
     if args.resume and os.path.exists(runs_path):
         with open(runs_path) as f:
             saved = json.load(f)
-        if saved["meta"].get("config") != config:
+        if not resumable(saved["meta"].get("config"), config):
             sys.exit(f"--resume: {runs_path} was written with other settings: "
                      f"{saved['meta'].get('config')}")
-        results = [_from_json(r) for r in saved["runs"]]
+        results = [
+            _from_json(r) for r in saved["runs"] if r["lr_multiplier"] in args.lr_grid
+        ]
         previous_wall = saved["meta"].get("wall_seconds", 0.0)
         start_load = saved["meta"].get("start_load_average", start_load)
         print(f"resuming: {len(results)} points from {runs_path}", flush=True)
@@ -712,7 +728,9 @@ def main(argv=None):
         write_markdown(
             results, args, os.path.join(args.out, "results.md"), wall_seconds,
             command=command,
-            conditions=meta["conditions"] + (", resumed once or more" if previous_wall else ""),
+            conditions=meta["conditions"] + (
+                "; resumed, the wall time is the sum over the runs" if previous_wall else ""
+            ),
             total_points=len(plan),
         )
         write_plot(results, os.path.join(args.out, "accuracy_vs_batch.png"))

@@ -188,3 +188,14 @@ def test_runs_json_is_strict_and_round_trips(study, tmp_path):
     back = [study._from_json(r) for r in saved["runs"]]
     assert math.isnan(back[-1]["test_accuracy"])
     assert back[0]["epoch_loss"] == results[0]["epoch_loss"]
+
+
+def test_resumable(study):
+    args = study.parse_args([])
+    config = {k: getattr(args, k) for k in study.CONFIG_KEYS}
+    config["lr_grid"] = [0.5, 1.0, 2.0]
+    assert study.resumable(dict(config), config)
+    assert study.resumable(dict(config, lr_grid=[1.0]), config)  # grid may differ
+    assert not study.resumable(dict(config, epochs=4), config)
+    assert not study.resumable(dict(config, seed=1), config)
+    assert not study.resumable(None, config)
