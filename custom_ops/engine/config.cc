@@ -75,6 +75,14 @@ Status Config::FromEnvironment(Config* c) {
            .ok())
     return s;
   c->cache_capacity = static_cast<int>(capacity);
+  double spin = c->spin_polls;
+  if (!(s = ReadNumber("DDL_SPIN_POLLS", 0, 1 << 24, "a whole number of polls >= 0", &spin))
+           .ok())
+    return s;
+  if (spin != std::floor(spin)) {
+    return Invalid("DDL_SPIN_POLLS", std::getenv("DDL_SPIN_POLLS"), "a whole number of polls >= 0");
+  }
+  c->spin_polls = static_cast<int>(spin);
   if (const char* algo = std::getenv("DDL_ALLREDUCE")) {
     std::string a(algo);
     if (a == "auto") {

@@ -24,6 +24,7 @@ struct Config {
   // copied out of shared memory into ordinary tensors.
   double shm_pool_mb = 1024.0;
   double peer_timeout_s = 15.0;       // DDL_PEER_TIMEOUT_S, 0 = never: silence => dead peer
+  int spin_polls = 50;                // DDL_SPIN_POLLS: busy polls before a wait yields
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);

@@ -162,6 +162,7 @@ Status Context::Create(std::unique_ptr<Context>* out) {
 
   for (MpiTransport* t : {ctx->world.get(), ctx->local.get(), ctx->cross.get()}) {
     t->SetPeerTimeout(ctx->config.peer_timeout_s);
+    t->SetSpinPolls(ctx->config.spin_polls);
   }
   std::vector<int64_t> local_sizes = ctx->world->AllgatherInt64(ctx->local_size);
   for (int64_t n : local_sizes) ctx->homogeneous &= (n == ctx->local_size);

@@ -116,8 +116,13 @@ void MpiTransport::WaitRequest(MPI_Request* request, const std::string& what, bo
   // TCP every message's rendezvous needs both ends to poll: with 1 ms naps
   // a 2-node reduce-scatter at 1 Gbit/s ran at a third of the link rate,
   // with 100 us at the link rate (a nap then costs a few percent of a core).
-  const int kSpinPolls = idle ? 10 : 2000;
-  const int kYieldPolls = idle ? 10 : 2000;
+  //
+  // The spin is short (DDL_SPIN_POLLS): when ranks outnumber cores, the
+  // peer a spinning rank waits for may need its core. 2000 polls, then
+  // 2000 yields made a 4 KB allreduce of 2 nodes x 2 ranks on 2 cores take
+  // 3-4 ms; 50 and 50 about 1 ms (one rank per core: about the same).
+  const int kSpinPolls = idle ? std::min(10, spin_polls_) : spin_polls_;
+  const int kYieldPolls = idle ? 10 : 50;
   // An idle wait must still poll often: a peer that arrives later needs our
   // MPI_Test calls to progress the collective it is waiting on.
   auto sleep_for = std::chrono::microseconds(20);

@@ -55,6 +55,8 @@ class MpiTransport : public Transport {
   // time: every data path moves bounded pieces, so a slow link completes
   // one every so often, while a dead peer or a cut link completes none.
   void SetPeerTimeout(double seconds) { peer_timeout_s_ = seconds; }
+  // Polls a wait makes before it starts yielding its core (DDL_SPIN_POLLS).
+  void SetSpinPolls(int polls) { spin_polls_ = polls; }
 
   // World ranks of the peers of messages still in flight (for errors).
   std::vector<int> PendingPeers() const;
@@ -74,6 +76,7 @@ class MpiTransport : public Transport {
   int size_ = 1;
   std::vector<int> world_ranks_;
   double peer_timeout_s_ = 0;
+  int spin_polls_ = 50;
   // When a message of this transport last completed, or a wait began
   // after half a timeout without one: the clock of the peer timeout.
   std::chrono::steady_clock::time_point last_progress_;

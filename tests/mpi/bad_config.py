@@ -22,6 +22,7 @@ BAD_VALUES = [
     ("DDL_STALL_TIMEOUT_S", "-5"),
     ("DDL_CACHE_CAPACITY", "many"),
     ("DDL_PEER_TIMEOUT_S", "soon"),
+    ("DDL_SPIN_POLLS", "2.5"),
     ("DDL_TIMELINE", "/nonexistent/dir/trace.json"),
 ]
 
