@@ -185,7 +185,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         optimizer: The Keras 3 optimizer to wrap.
         op: `ddl.Average` (default) or `ddl.Sum`.
         compression: `ddl.Compression.none` (default), `.fp16` or `.bf16`:
-            the gradients' dtype on the wire.
+            the gradients' dtype on the network (summed in it across
+            nodes; within a node's shared memory in float32).
         gradient_accumulation_steps: Integer >= 1, or `None` (= 1). Number of
             local batches whose averaged gradient makes one update.
         name: Name of this optimizer (and of its collectives). Defaults to an
