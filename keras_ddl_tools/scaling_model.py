@@ -625,10 +625,16 @@ def overlap_needed(point, systems=None, resolution=0.01):
     work = workload(point.model)
     at = simulate_step(systems[point.system], work, point.gpus)
     base = simulate_step(systems[point.system], work, point.baseline_gpus)
+    return _closest_fraction(lambda f: at.efficiency_at(f) / base.efficiency_at(f),
+                             point.efficiency, resolution)
+
+
+def _closest_fraction(efficiency_at, target, resolution=0.01):
+    """The overlap fraction on a grid of ``resolution`` in [0, 1] whose
+    predicted efficiency ``efficiency_at(f)`` is closest to ``target``."""
     steps = int(round(1 / resolution))
     fractions = [i / steps for i in range(steps + 1)]
-    return min(fractions, key=lambda f: abs(at.efficiency_at(f) / base.efficiency_at(f)
-                                            - point.efficiency))
+    return min(fractions, key=lambda f: abs(efficiency_at(f) - target))
 
 
 # ---------------------------------------------------------------------------
@@ -661,12 +667,6 @@ def half_precision_wire(work):
         dataclasses.replace(t, nbytes=t.nbytes // 2) for t in work.tensors))
 
 
-def _fit_overlap_fraction(at, efficiency, resolution=0.01):
-    steps = int(round(1 / resolution))
-    fractions = [i / steps for i in range(steps + 1)]
-    return min(fractions, key=lambda f: abs(at.efficiency_at(f) - efficiency))
-
-
 def overlap_from_fit(fit, link_bits_per_s, model="resnet50"):
     """The overlap fraction that reproduces each measured weak-scaling
     efficiency of a ``bench fit --cluster 2 --json`` result (``fit``: its
@@ -684,7 +684,7 @@ def overlap_from_fit(fit, link_bits_per_s, model="resnet50"):
         at = simulate_step(system, work, 2)
         rows.append({"overlap": r["overlap"], "wire": r["wire"], "measured": r["efficiency"],
                      "model_f0": at.efficiency_at(0.0), "model_f1": at.efficiency_at(1.0),
-                     "fitted_f": _fit_overlap_fraction(at, r["efficiency"])})
+                     "fitted_f": _closest_fraction(at.efficiency_at, r["efficiency"])})
     return rows
 
 

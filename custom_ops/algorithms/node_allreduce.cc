@@ -68,19 +68,18 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
       }
     }
     clock.Lap(t.reduce_scatter);
-    if (across && slice[me] > 0 && wire == dtype) {
-      ChooseAllreduce(cross_->size(), slice[me] * elem).run(*cross_, mine, slice[me], dtype,
-                                                             cross_op);
-      traffic_.cross_node_bytes += slice[me] * elem;
-    } else if (across && slice[me] > 0) {
-      // Converted per chunk, so while this rank converts, the other local
-      // ranks' slices are on the network.
+    if (across && slice[me] > 0) {
+      // In another wire dtype the slice is converted per chunk, so while
+      // this rank converts, the other local ranks' slices are on the network.
       const size_t wire_bytes = slice[me] * DataTypeSize(wire);
-      if (wire_slice_.size() < wire_bytes) wire_slice_.resize(wire_bytes);
-      Convert(wire_slice_.data(), wire, mine, dtype, slice[me]);
-      ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, wire_slice_.data(), slice[me],
-                                                       wire, cross_op);
-      Convert(mine, dtype, wire_slice_.data(), wire, slice[me]);
+      char* sent = mine;
+      if (wire != dtype) {
+        if (wire_slice_.size() < wire_bytes) wire_slice_.resize(wire_bytes);
+        sent = wire_slice_.data();
+        Convert(sent, wire, mine, dtype, slice[me]);
+      }
+      ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, sent, slice[me], wire, cross_op);
+      if (wire != dtype) Convert(mine, dtype, sent, wire, slice[me]);
       traffic_.cross_node_bytes += wire_bytes;
     }
     clock.Lap(t.cross_node);
