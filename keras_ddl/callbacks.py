@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _private_api, basics
+from ._validation import check_rank_argument
 from .checkpoint import BackupAndRestore
 from .ops import Average, allreduce, broadcast_variables
 
@@ -54,9 +55,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def __init__(self, root_rank=0):
         super().__init__()
-        if isinstance(root_rank, bool) or not isinstance(root_rank, int):
-            raise TypeError(f"keras_ddl: root_rank must be an int, got {root_rank!r}")
-        self.root_rank = root_rank
+        self.root_rank = check_rank_argument(root_rank, "root_rank",
+                                             "BroadcastGlobalVariablesCallback")
         self._after_first_batch = False
         self._batch_started = False
 

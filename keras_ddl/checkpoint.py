@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from . import _private_api, basics
+from ._validation import check_rank_argument
 from .ops import broadcast, broadcast_variables
 
 __all__ = ["BackupAndRestore"]
@@ -91,10 +92,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                              f"got {backup_dir!r}")
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keras_ddl: BackupAndRestore keep must be an int >= 1, got {keep!r}")
-        if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
-                or not 0 <= root_rank < basics.size():
-            raise ValueError(f"keras_ddl: BackupAndRestore root_rank must be an int in "
-                             f"[0, {basics.size()}), got {root_rank!r}")
+        check_rank_argument(root_rank, "root_rank", "BackupAndRestore", in_range=True)
         self.backup_dir = os.fspath(backup_dir)
         self.keep = keep
         self.root_rank = root_rank

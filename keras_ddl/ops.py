@@ -13,7 +13,15 @@ import weakref
 
 import tensorflow as tf
 
-from . import basics
+from . import _private_api, basics
+from ._validation import check_rank_argument
+
+
+# The public ops are plain Python around one op call each: AutoGraph has
+# nothing to convert in them, and converting them inside a user's
+# tf.function once picked up another function's converted code from its
+# cache (a TypeError naming `compress`, seen in one launch of many).
+_not_converted = _private_api.skip_autograph
 
 
 class ReduceOp(enum.IntEnum):
@@ -41,6 +49,9 @@ SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
 CARRIED_AS = {tf.bool: tf.uint8, tf.int16: tf.float16, tf.uint16: tf.float16,
               tf.uint32: tf.int32, tf.uint64: tf.int64}
 MOVABLE_DTYPES = SUPPORTED_DTYPES + tuple(CARRIED_AS)
+# For the per-call checks: a set lookup hashes the dtype once, where the
+# tuple compared it with each entry in Python (microseconds per call).
+_SUPPORTED_SET = frozenset(SUPPORTED_DTYPES)
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -72,7 +83,7 @@ def op_library():
 
 
 def _check_tensor(tensor, argument, op=None):
-    if tensor.dtype not in SUPPORTED_DTYPES:
+    if tensor.dtype not in _SUPPORTED_SET:
         raise TypeError(
             f"keras_ddl: {argument} has dtype {tensor.dtype.name}, which is not supported "
             f"(supported: {', '.join(d.name for d in SUPPORTED_DTYPES)}) on rank {basics.rank()}")
@@ -81,7 +92,8 @@ def _check_tensor(tensor, argument, op=None):
         # (Average of integers) is checked in negotiation, so a rank whose
         # dtype differs from the others' fails together with them instead
         # of alone while they wait.
-        ReduceOp(op)
+        if type(op) is not ReduceOp:
+            ReduceOp(op)
 
 
 def _to_wire(tensor):
@@ -101,6 +113,8 @@ def _from_wire(tensor, dtype):
 
 
 def _to_tensor(value, argument):
+    if isinstance(value, tf.Tensor):
+        return value
     if isinstance(value, tf.IndexedSlices):
         value = tf.convert_to_tensor(value)
     try:
@@ -143,7 +157,19 @@ def _name_input(name, kind, carried=None):
             name = f"graph{entry[0]}.{kind}.{next(entry[1])}"
     if carried is not None:
         name = f"{name}.{carried.name}"
-    return tf.constant(name, dtype=tf.string)
+    if not tf.executing_eagerly():
+        return tf.constant(name, dtype=tf.string)
+    # Eager string tensors are immutable: a named collective called every
+    # step reuses its name tensor instead of making one per call.
+    tensor = _eager_name_tensors.get(name)
+    if tensor is None:
+        if len(_eager_name_tensors) >= 4096:  # unnamed calls: each name is new
+            _eager_name_tensors.clear()
+        tensor = _eager_name_tensors[name] = tf.constant(name, dtype=tf.string)
+    return tensor
+
+
+_eager_name_tensors = {}
 
 
 # The core's codes for the dtypes it can send a float32 allreduce in
@@ -194,6 +220,7 @@ class Compression:
     bf16 = _Cast(tf.bfloat16, "bf16")
 
 
+@_not_converted
 def allreduce(tensor, op=Average, name=None, compression=Compression.none):
     """Reduces ``tensor`` over all ranks; every rank gets the same result.
 
@@ -222,6 +249,7 @@ def _allreduce_indexed_slices(slices, op, name):
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
+@_not_converted
 def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.none):
     """Allreduces a list of tensors in one negotiation and fused transfers."""
     tensors = [_to_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
@@ -240,6 +268,7 @@ def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.no
     return [compression.decompress(o, orig) for o, orig in zip(outs, originals)]
 
 
+@_not_converted
 def allgather(tensor, name=None):
     """Concatenates every rank's ``tensor`` along axis 0 (in rank order).
 
@@ -252,6 +281,7 @@ def allgather(tensor, name=None):
                       dtype)
 
 
+@_not_converted
 def broadcast(tensor, root_rank=0, name=None):
     """Returns ``root_rank``'s ``tensor`` on every rank."""
     tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
@@ -261,6 +291,7 @@ def broadcast(tensor, root_rank=0, name=None):
                                                  root_rank=int(root_rank)), dtype)
 
 
+@_not_converted
 def reducescatter(tensor, op=Sum, name=None):
     """Reduces over ranks and returns this rank's block of rows of axis 0.
 
@@ -273,16 +304,15 @@ def reducescatter(tensor, op=Sum, name=None):
                                           reduce_op=int(op))
 
 
+@_not_converted
 def barrier(name=None):
     """Returns once every rank has called ``barrier``."""
     op_library().ddl_barrier(_name_input(name, "barrier"))
 
 
-def _check_root(root_rank):
+def _check_root(root_rank, owner="keras_ddl"):
     # Its range is checked in negotiation, where every rank gets the error.
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
-        raise TypeError(f"keras_ddl: root_rank must be an int, got {root_rank!r} "
-                        f"on rank {basics.rank()}")
+    check_rank_argument(root_rank, "root_rank", owner)
 
 
 _broadcast_calls = itertools.count()

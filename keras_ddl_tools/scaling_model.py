@@ -33,6 +33,8 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from .rates import parse_rate
+
 GB = 1e9          # bandwidths are in decimal GB/s, as vendors and nccl-tests quote them
 US = 1e-6
 MS = 1e-3
@@ -686,18 +688,6 @@ def overlap_from_fit(fit, link_bits_per_s, model="resnet50"):
                      "model_f0": at.efficiency_at(0.0), "model_f1": at.efficiency_at(1.0),
                      "fitted_f": _closest_fraction(at.efficiency_at, r["efficiency"])})
     return rows
-
-
-def parse_rate(text):
-    """'1gbit', '10gbit', '100mbit' -> bits per second."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for unit, scale in units.items():
-        if text.lower().endswith(unit):
-            try:
-                return float(text[:-len(unit)]) * scale
-            except ValueError:
-                break
-    raise ValueError(f"link rate {text!r}: expected a number and kbit, mbit or gbit")
 
 
 # ---------------------------------------------------------------------------

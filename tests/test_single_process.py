@@ -101,3 +101,32 @@ def test_an_unbuilt_source_tree_first_on_sys_path_uses_the_installed_copy(tmp_pa
     assert os.path.dirname(os.path.realpath(lib)) == installed, (lib, installed)
     assert "SUM [1.0, 2.0]" in proc.stdout, proc.stdout
     assert f"{tree} (the source tree) has no compiled libraries" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("call, owner", [
+    (lambda bad: ddl.broadcast(tf.ones([2]), root_rank=bad), "keras_ddl"),
+    (lambda bad: ddl.broadcast_variables([tf.Variable(1.0)], root_rank=bad), "keras_ddl"),
+    (lambda bad: ddl.callbacks.BroadcastGlobalVariablesCallback(root_rank=bad),
+     "BroadcastGlobalVariablesCallback"),
+    (lambda bad: ddl.checkpoint.BackupAndRestore("backups", root_rank=bad), "BackupAndRestore"),
+])
+@pytest.mark.parametrize("bad", ["0", 1.0, True])
+def test_a_root_rank_that_is_not_an_int_is_the_same_error_everywhere(call, owner, bad):
+    with pytest.raises(TypeError, match=rf"{owner} root_rank must be an int, got .* on rank 0"):
+        call(bad)
+
+
+def test_autograph_calls_the_public_ops_as_they_are():
+    # Converting them inside a user's tf.function has nothing to gain and
+    # once ran another function's converted code; _private_api.skip_autograph
+    # marks them (and the public do_not_convert is its fallback).
+    from tensorflow.python.autograph.impl import api as autograph_api
+    for fn in (ddl.allreduce, ddl.grouped_allreduce, ddl.allgather, ddl.broadcast,
+               ddl.reducescatter, ddl.barrier):
+        assert autograph_api.is_autograph_artifact(fn), fn.__name__
+
+    @tf.function
+    def step(x):
+        return ddl.allreduce(x, op=ddl.Sum, name="autograph.check") * 2
+
+    np.testing.assert_array_equal(step(tf.ones([3])).numpy(), [2.0, 2.0, 2.0])

@@ -1,5 +1,6 @@
 #include "allreduce.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "../common/reduce_kernels.h"
@@ -36,12 +37,21 @@ void DirectExchangeAllreduce(Transport& t, void* buffer, int64_t count, DataType
   // `buffer` is read by the sends until they complete.
   std::vector<char> parts(static_cast<size_t>(n) * bytes);
   auto part = [&](int r) { return parts.data() + static_cast<size_t>(r) * bytes; };
+  // Pieces of at most MaxMessageBytes, whole elements each; the calls this
+  // algorithm suits fit in one, so the loop normally runs once.
+  const size_t element = DataTypeSize(dtype);
+  const size_t piece = std::max(element, t.MaxMessageBytes() / element * element);
   std::vector<Transport::Handle> handles;
-  for (int p = 0; p < n; ++p) {
-    if (p != me) handles.push_back(t.Irecv(part(p), bytes, p, kTagDirect));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (p != me) handles.push_back(t.Isend(buffer, bytes, p, kTagDirect));
+  for (size_t offset = 0; offset < bytes; offset += piece) {
+    const size_t n_bytes = std::min(piece, bytes - offset);
+    for (int p = 0; p < n; ++p) {
+      if (p != me) handles.push_back(t.Irecv(part(p) + offset, n_bytes, p, kTagDirect));
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p != me) {
+        handles.push_back(t.Isend(static_cast<const char*>(buffer) + offset, n_bytes, p, kTagDirect));
+      }
+    }
   }
   std::memcpy(part(me), buffer, bytes);
   for (Transport::Handle h : handles) t.Wait(h);

@@ -20,10 +20,11 @@ constexpr int kWindow = 8;
 // Elements per message: the window's scratch stays near 32 MB whatever the
 // number of peers, without going below what keeps per-message overhead
 // small or above what one step should hold back.
-int64_t ChunkElems(int n, size_t elem) {
+// Never above the transport's largest message.
+int64_t ChunkElems(int n, size_t elem, size_t max_message_bytes) {
   const size_t budget = (size_t(32) << 20) / (kWindow * static_cast<size_t>(n - 1));
-  const size_t bytes = std::clamp<size_t>(budget, 16 << 10, 512 << 10);
-  return static_cast<int64_t>(bytes / elem);
+  const size_t bytes = std::min(std::clamp<size_t>(budget, 16 << 10, 512 << 10), max_message_bytes);
+  return static_cast<int64_t>(std::max<size_t>(1, bytes / elem));
 }
 
 }  // namespace
@@ -37,7 +38,7 @@ void PairwiseReduceScatter(Transport& t, void* buffer, const std::vector<int64_t
   char* base = static_cast<char*>(buffer);
   std::vector<int64_t> offset(n + 1, 0);
   for (int r = 0; r < n; ++r) offset[r + 1] = offset[r] + counts[r];
-  const int64_t chunk = ChunkElems(n, elem);
+  const int64_t chunk = ChunkElems(n, elem, t.MaxMessageBytes());
   auto chunks_of = [&](int r) { return (counts[r] + chunk - 1) / chunk; };
   auto chunk_len = [&](int r, int64_t k) { return std::min(chunk, counts[r] - k * chunk); };
   int64_t steps = 0;

@@ -34,7 +34,7 @@ void SendRecvReduce(Transport& t, const char* send, size_t send_bytes, int next,
                     size_t recv_bytes, int prev, DataType dtype, ReduceOp op,
                     std::vector<char>& scratch) {
   const size_t elem = DataTypeSize(dtype);
-  const size_t chunk = std::min(kPipelineChunkBytes / elem * elem, t.MaxMessageBytes());
+  const size_t chunk = std::max(elem, std::min(kPipelineChunkBytes, t.MaxMessageBytes()) / elem * elem);
   scratch.resize(2 * chunk);
   // Both sides chunk their own segment; the segments differ in size by at
   // most one element, so the counts of chunks can differ by one.
@@ -99,7 +99,7 @@ void RingAllgather(Transport& t, void* buffer, const std::vector<int64_t>& count
   const size_t elem = DataTypeSize(dtype);
   char* base = static_cast<char*>(buffer);
   const std::vector<int64_t> offsets = Offsets(counts);
-  const size_t max_bytes = std::min(kAllgatherMessageBytes, t.MaxMessageBytes());
+  const size_t max_bytes = std::max(elem, std::min(kAllgatherMessageBytes, t.MaxMessageBytes()) / elem * elem);
   // n-1 steps: at step s rank r passes on segment r-s (its own at s=0, then
   // the one it received in the previous step) and receives segment r-1-s.
   for (int s = 0; s < n - 1; ++s) {

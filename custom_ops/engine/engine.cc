@@ -10,15 +10,6 @@ namespace ddl {
 
 namespace {
 
-// Layout of the word vector every rank contributes to the per-cycle AND:
-// word 0 holds flags stored inverted (a rank clears a bit to raise it, so
-// the AND computes "any rank raised it"); then one bit per cache slot
-// (AND = offered by every rank); then the same bits inverted (AND of the
-// inverses = no rank offered it, i.e. NOT any).
-constexpr uint64_t kFlagHasRequests = 1u << 0;   // some rank has names to offer
-constexpr uint64_t kFlagShutdown = 1u << 1;      // some rank is shutting down
-constexpr uint64_t kFlagCoordinator = 1u << 2;   // rank 0 has a verdict to send
-
 constexpr int kProbeTag = 7001;
 constexpr int kVerdictTag = 7002;
 constexpr size_t kVerdictBytes = 4096;
@@ -125,8 +116,7 @@ std::string Engine::DiagnoseSilentPeers() {
 }
 
 Engine::Engine(std::unique_ptr<Context> ctx)
-    : ctx_(std::move(ctx)), cache_(ctx_->config.cache_capacity), executor_(*ctx_) {
-  if (ctx_->rank == 0) coordinator_ = std::make_unique<Coordinator>(ctx_->size, ctx_->config);
+    : ctx_(std::move(ctx)), controller_(*ctx_->world, ctx_->config), executor_(*ctx_) {
   thread_ = std::thread(&Engine::Loop, this);
 }
 
@@ -167,20 +157,12 @@ void Engine::Enqueue(std::vector<Work> works) {
 
 std::string Engine::RanksShuttingDown() {
   // Every rank saw the shutdown flag in the same cycle, so all take part
-  // in this one extra exchange: a cleared bit is a rank that shuts down.
-  std::vector<uint64_t> bits((ctx_->size + 63) / 64, ~uint64_t(0));
-  if (shutdown_requested_) bits[ctx_->rank / 64] &= ~(uint64_t(1) << (ctx_->rank % 64));
+  // in this one extra exchange.
   try {
-    ctx_->world->AllreduceBitwiseAnd(bits, false);
+    return controller_.RanksShuttingDown(shutdown_requested_);
   } catch (const PeerTimeout&) {
     return "a rank";
   }
-  std::string ranks;
-  for (int r = 0; r < ctx_->size; ++r) {
-    if (bits[r / 64] >> (r % 64) & 1) continue;
-    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  }
-  return "rank(s) [" + ranks + "]";
 }
 
 void Engine::Shutdown() {
@@ -196,35 +178,31 @@ void Engine::FailAll(const Status& status) {
     if (broken_.ok()) broken_ = status;
     queued.swap(queue_);
   }
-  for (auto& [name, p] : pending_) Finish(p.work, status);
-  pending_.clear();
-  unsent_.clear();
+  for (auto& [name, w] : works_) Finish(w, status);
+  works_.clear();
+  controller_.DropAll();
   for (Work& w : queued) Finish(w, status);
 }
 
 void Engine::Admit(Work work) {
-  if (pending_.count(work.name)) {
+  work.wire = WireDtype(work);
+  Request r;
+  r.name = work.name;
+  r.rank = ctx_->rank;
+  r.collective = work.collective;
+  r.dtype = work.dtype;
+  r.wire = work.wire;
+  r.op = work.op;
+  r.root = work.root;
+  r.shape = work.shape;
+  if (!controller_.Offer(r)) {
     Finish(work, Status::InvalidArgument(
         "a collective named '" + work.name + "' is already in flight" + OnRank(ctx_->rank) +
         "; concurrent collectives need distinct names"));
     return;
   }
-  Pending p;
-  p.request.name = work.name;
-  p.request.rank = ctx_->rank;
-  p.request.collective = work.collective;
-  p.request.dtype = work.dtype;
-  work.wire = WireDtype(work);
-  p.request.wire = work.wire;
-  p.request.op = work.op;
-  p.request.root = work.root;
-  p.request.shape = work.shape;
-  int slot = -1;
-  p.cached = cache_.Find(p.request, &slot);
-  if (!p.cached) unsent_.push_back(p.request);
-  p.work = std::move(work);
-  std::string name = p.work.name;
-  pending_.emplace(std::move(name), std::move(p));
+  std::string name = work.name;
+  works_.emplace(std::move(name), std::move(work));
 }
 
 void Engine::Loop() {
@@ -264,26 +242,9 @@ bool Engine::RunCycle() {
   const bool had_arrivals = !arrived.empty();
   for (Work& w : arrived) Admit(std::move(w));
 
-  const int slots = cache_.num_slots();
-  const int slot_words = (slots + 63) / 64;
-  std::vector<uint64_t> words(1 + 2 * slot_words, 0);
-  words[0] = ~uint64_t(0);
-  if (!unsent_.empty()) words[0] &= ~kFlagHasRequests;
-  if (shutdown_requested_) words[0] &= ~kFlagShutdown;
-  if (coordinator_) {
-    coordinator_->CheckStalls(std::chrono::steady_clock::now());
-    if (coordinator_->HasPendingVerdict()) words[0] &= ~kFlagCoordinator;
-  }
-  for (int i = 0; i < slot_words; ++i) words[1 + slot_words + i] = ~uint64_t(0);
-  for (const auto& [name, p] : pending_) {
-    if (!p.cached) continue;
-    int slot = -1;
-    cache_.Find(p.request, &slot);
-    words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
-    words[1 + slot_words + slot / 64] &= ~(uint64_t(1) << (slot % 64));
-  }
+  Negotiated outcome;
   try {
-    ctx_->world->AllreduceBitwiseAnd(words, pending_.empty() && !shutdown_requested_);
+    outcome = controller_.Negotiate(shutdown_requested_);
   } catch (const PeerTimeout&) {
     peer_failure_seen = true;
     std::string verdict = DiagnoseSilentPeers() + OnRank(ctx_->rank);
@@ -292,67 +253,16 @@ bool Engine::RunCycle() {
     FailAll(Status::Aborted(verdict));
     return false;
   }
-  const bool exchange = !(words[0] & kFlagHasRequests) || !(words[0] & kFlagCoordinator);
-  const bool shutdown = !(words[0] & kFlagShutdown);
-
-  // Cached names offered by every rank run in slot order; names offered by
-  // some but not all are reported to the coordinator's stall tracking.
-  std::vector<std::string> ready;
-  std::vector<int> partial;
-  for (int slot = 0; slot < slots; ++slot) {
-    bool all = (words[1 + slot / 64] >> (slot % 64)) & 1;
-    bool none = (words[1 + slot_words + slot / 64] >> (slot % 64)) & 1;
-    if (all) ready.push_back(cache_.NameAt(slot));
-    else if (!none) partial.push_back(slot);
+  for (const auto& [name, message] : outcome.refused) {
+    auto it = works_.find(name);
+    Finish(it->second, Status::InvalidArgument(message + OnRank(ctx_->rank)));
+    works_.erase(it);
   }
-
-  ResponseList responses;
-  if (exchange) {
-    std::vector<std::vector<char>> gathered = ctx_->world->GatherBytes(EncodeRequests(unsent_), 0);
-    unsent_.clear();
-    std::vector<char> encoded;
-    if (coordinator_) {
-      const auto now = std::chrono::steady_clock::now();
-      for (const auto& bytes : gathered) coordinator_->Add(DecodeRequests(bytes), cache_, now);
-      encoded = EncodeResponses(coordinator_->Respond());
-    }
-    ctx_->world->BroadcastBytes(encoded, 0);
-    responses = DecodeResponses(encoded);
-  }
-  if (coordinator_) coordinator_->TrackPartialSlots(partial, cache_, std::chrono::steady_clock::now());
-
-  for (const std::string& name : responses.evictions) {
-    cache_.Evict(name);
-    auto it = pending_.find(name);
-    // Cache-ready names this cycle run anyway; others go back to naming.
-    if (it != pending_.end() && it->second.cached &&
-        std::find(ready.begin(), ready.end(), name) == ready.end()) {
-      it->second.cached = false;
-      unsent_.push_back(it->second.request);
-    }
-  }
-  for (const auto& [name, message] : responses.errors) {
-    auto it = pending_.find(name);
-    if (it == pending_.end()) continue;
-    Finish(it->second.work, Status::InvalidArgument(message + OnRank(ctx_->rank)));
-    pending_.erase(it);
-  }
-
   std::vector<Work> runnable;
-  std::vector<Request> agreed;
-  for (const std::string& name : ready) {
-    auto it = pending_.find(name);
-    runnable.push_back(std::move(it->second.work));
-    pending_.erase(it);
-  }
-  for (const std::string& name : responses.ready) {
-    auto it = pending_.find(name);
-    if (it == pending_.end()) {
-      throw std::runtime_error("coordinator cleared '" + name + "', which this rank never offered");
-    }
-    agreed.push_back(it->second.request);
-    runnable.push_back(std::move(it->second.work));
-    pending_.erase(it);
+  for (const std::string& name : outcome.run) {
+    auto it = works_.find(name);
+    runnable.push_back(std::move(it->second));
+    works_.erase(it);
   }
   if (ctx_->timeline) {
     const auto now = std::chrono::steady_clock::now();
@@ -363,15 +273,14 @@ bool Engine::RunCycle() {
   } catch (const std::exception& e) {
     AbortOnDataPathFailure(e);
   }
-  for (const Request& r : agreed) cache_.Insert(r);
-  const bool idle = !had_arrivals && runnable.empty() && pending_.empty() && !exchange;
+  const bool idle = !had_arrivals && runnable.empty() && works_.empty() && !outcome.exchanged;
   idle_cycles_ = idle ? idle_cycles_ + 1 : 0;
 
-  if (!responses.fatal.empty()) {
-    FailAll(Status::DeadlineExceeded("keras_ddl aborted the job: " + responses.fatal + OnRank(ctx_->rank)));
+  if (!outcome.fatal.empty()) {
+    FailAll(Status::DeadlineExceeded("keras_ddl aborted the job: " + outcome.fatal + OnRank(ctx_->rank)));
     return false;
   }
-  if (shutdown) {
+  if (outcome.shutdown) {
     FailAll(Status::Aborted("keras_ddl has been shut down on " + RanksShuttingDown() +
                             ": a collective cannot run after ddl.shutdown() or once any rank "
                             "has shut down (an uncaught exception or exit ends keras_ddl on "

@@ -17,10 +17,9 @@
 #include <vector>
 
 #include "context.h"
-#include "coordinator.h"
+#include "controller.h"
 #include "executor.h"
 #include "message.h"
-#include "response_cache.h"
 #include "work.h"
 
 namespace ddl {
@@ -51,12 +50,6 @@ class Engine {
   static bool PeerFailureSeen();
 
  private:
-  struct Pending {
-    Work work;
-    Request request;
-    bool cached = false;  // offered through the cache bit, not by name
-  };
-
   void Loop();
   // Returns false when the engine must stop.
   bool RunCycle();
@@ -73,8 +66,7 @@ class Engine {
   std::string RanksShuttingDown();
 
   std::unique_ptr<Context> ctx_;
-  ResponseCache cache_;
-  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  Controller controller_;
   Executor executor_;
 
   std::mutex mutex_;
@@ -84,8 +76,7 @@ class Engine {
   std::atomic<bool> shutdown_requested_{false};
 
   // Engine-thread state.
-  std::unordered_map<std::string, Pending> pending_;
-  std::vector<Request> unsent_;  // requests to offer by name in the next cycle
+  std::unordered_map<std::string, Work> works_;  // offered, not yet run
   int idle_cycles_ = 0;          // cycles in a row with nothing to do
   std::thread thread_;
 };

@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "control_plane.h"
 #include "transport.h"
 
 namespace ddl {
 
-class MpiTransport : public Transport {
+class MpiTransport : public Transport, public ControlPlane {
  public:
   // Takes ownership of `comm` (freed in the destructor).
   explicit MpiTransport(MPI_Comm comm);
@@ -31,14 +32,12 @@ class MpiTransport : public Transport {
   bool Test(Handle handle);
   size_t MaxMessageBytes() const override { return kMaxMessageBytes; }
 
-  // Negotiation collectives (every rank of the communicator calls them).
-  // `idle`: nothing is waiting on the result, so wait by sleeping rather
-  // than spinning (an idle engine then costs almost no CPU).
-  void AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle);
-  // Root receives every rank's bytes; others get an empty result.
-  std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine, int root);
-  void BroadcastBytes(std::vector<char>& data, int root);
-  std::vector<int64_t> AllgatherInt64(int64_t mine);
+  // ControlPlane. An idle AND waits by sleeping rather than spinning, so
+  // an idle engine costs almost no CPU.
+  void AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) override;
+  std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine, int root) override;
+  void BroadcastBytes(std::vector<char>& data, int root) override;
+  std::vector<int64_t> AllgatherInt64(int64_t mine) override;
   // Data collectives used by algorithms that map 1:1 onto MPI. Both move
   // large buffers as a pipeline of bounded pieces (kMaxMessageBytes,
   // kPiecesInFlight at a time), so a slow link shows progress piece by piece.
@@ -48,7 +47,7 @@ class MpiTransport : public Transport {
 
   MPI_Comm comm() const { return comm_; }
   // Rank in MPI_COMM_WORLD of this communicator's rank `r`.
-  int WorldRank(int r) const { return world_ranks_[r]; }
+  int WorldRank(int r) const override { return world_ranks_[r]; }
 
   // A wait throws PeerTimeout once no message of this transport has
   // completed for this long (0 = wait forever). Progress, not elapsed
@@ -83,19 +82,6 @@ class MpiTransport : public Transport {
   std::vector<MPI_Request> requests_;
   std::vector<int> peers_;  // peer of each in-flight handle
   std::vector<Handle> free_handles_;
-};
-
-// No progress within the peer timeout; the message names what was awaited.
-class PeerTimeout : public TransportError {
- public:
-  // `unreachable`: world ranks known to be cut off, when the waiter knows
-  // better than "whoever I was waiting for" (see ShmArena::WaitForAll).
-  explicit PeerTimeout(std::string message, std::vector<int> unreachable = {})
-      : TransportError(std::move(message)), unreachable_(std::move(unreachable)) {}
-  const std::vector<int>& unreachable() const { return unreachable_; }
-
- private:
-  std::vector<int> unreachable_;
 };
 
 // Wraps an MPI error code into a readable message.

@@ -14,7 +14,7 @@ namespace {
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 }  // namespace
 
-NodeSegment::NodeSegment(MpiTransport& node, const std::string& name_token, size_t bytes)
+NodeSegment::NodeSegment(ControlPlane& node, const std::string& name_token, size_t bytes)
     : bytes_(bytes) {
   const std::string name = "/keras_ddl." + name_token;
   std::string error;

@@ -6,7 +6,8 @@
 #include <cstddef>
 #include <string>
 
-#include "mpi_transport.h"
+#include "control_plane.h"
+#include "transport.h"
 
 namespace ddl {
 
@@ -18,7 +19,7 @@ class NodeSegment {
   // Collective over `node`. `name_token` must be unique to the job, node and
   // use. Sparse: pages cost memory only once touched (see Commit). Throws
   // TransportError, on every rank, if any rank fails.
-  NodeSegment(MpiTransport& node, const std::string& name_token, size_t bytes);
+  NodeSegment(ControlPlane& node, const std::string& name_token, size_t bytes);
   ~NodeSegment();
   NodeSegment(const NodeSegment&) = delete;
   NodeSegment& operator=(const NodeSegment&) = delete;

@@ -14,7 +14,7 @@ constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 }  // namespace
 
-std::unique_ptr<ShmArena> ShmArena::Create(MpiTransport& node, const std::string& name_token,
+std::unique_ptr<ShmArena> ShmArena::Create(ControlPlane& node, const std::string& name_token,
                                            size_t slot_bytes, int slots_per_rank) {
   std::unique_ptr<ShmArena> arena(new ShmArena());
   arena->rank_ = node.rank();

@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "mpi_transport.h"
+#include "control_plane.h"
+#include "transport.h"
 #include "node_segment.h"
 
 namespace ddl {
@@ -32,7 +33,7 @@ class ShmArena {
 
   // Collective over `node` (all its ranks must share memory). `name_token`
   // must be unique to the job and node. Throws TransportError.
-  static std::unique_ptr<ShmArena> Create(MpiTransport& node, const std::string& name_token,
+  static std::unique_ptr<ShmArena> Create(ControlPlane& node, const std::string& name_token,
                                           size_t slot_bytes, int slots_per_rank);
   ShmArena(const ShmArena&) = delete;
   ShmArena& operator=(const ShmArena&) = delete;

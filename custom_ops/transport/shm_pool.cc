@@ -17,7 +17,7 @@ std::atomic<int64_t>* HoldersOf(char* data) {
 }
 }  // namespace
 
-std::shared_ptr<ShmPool> ShmPool::Create(MpiTransport& node, const std::string& name_token,
+std::shared_ptr<ShmPool> ShmPool::Create(ControlPlane& node, const std::string& name_token,
                                          size_t bytes) {
   std::shared_ptr<ShmPool> pool(new ShmPool());
   bytes = RoundUp(bytes, kAlignment);

@@ -13,7 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "mpi_transport.h"
+#include "control_plane.h"
+#include "transport.h"
 #include "node_segment.h"
 
 namespace ddl {
@@ -25,7 +26,7 @@ class ShmPool : public std::enable_shared_from_this<ShmPool> {
 
   // Collective over `node`: `bytes` of address space, committed as used.
   // Throws TransportError.
-  static std::shared_ptr<ShmPool> Create(MpiTransport& node, const std::string& name_token,
+  static std::shared_ptr<ShmPool> Create(ControlPlane& node, const std::string& name_token,
                                          size_t bytes);
 
   char* base() const { return segment_->base(); }

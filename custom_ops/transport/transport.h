@@ -45,4 +45,17 @@ class TransportError : public std::exception {
   std::string message_;
 };
 
+// No progress within the peer timeout; the message names what was awaited.
+class PeerTimeout : public TransportError {
+ public:
+  // `unreachable`: world ranks known to be cut off, when the waiter knows
+  // better than "whoever I was waiting for" (see ShmArena::WaitForAll).
+  explicit PeerTimeout(std::string message, std::vector<int> unreachable = {})
+      : TransportError(std::move(message)), unreachable_(std::move(unreachable)) {}
+  const std::vector<int>& unreachable() const { return unreachable_; }
+
+ private:
+  std::vector<int> unreachable_;
+};
+
 }  // namespace ddl

@@ -25,6 +25,8 @@ import signal
 import subprocess
 import sys
 
+from keras_ddl_tools import rates
+
 STATE_ROOT = "/run/keras_ddl_cluster"
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 # The launcher's stand-in talks to MPI over TCP through the links; UCX would
@@ -32,7 +34,6 @@ BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 # memory, and the links would carry nothing.
 MPI_ENV = {"UCX_TLS": "tcp,self"}
 
-RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 # Namespaces this module makes: cluster name (kd + 5 hex digits), -n, node.
 OUR_NAMESPACE = re.compile(r"^(kd[0-9a-f]{5})-n[0-9]+$")
 
@@ -42,18 +43,11 @@ class ClusterError(RuntimeError):
 
 
 def parse_rate(text):
-    """'100mbit', '1gbit', '10gbit' -> bits per second."""
-    t = str(text).strip().lower()
-    for unit, scale in RATE_UNITS.items():
-        if t.endswith(unit):
-            try:
-                value = float(t[: -len(unit)])
-            except ValueError:
-                break
-            if value > 0:
-                return value * scale
-    raise ClusterError(f"rate={text!r}: expected a positive number with kbit, mbit or gbit "
-                       "(e.g. 100mbit, 1gbit)")
+    """'100mbit', '1gbit', '10gbit' -> bits per second (ClusterError if not)."""
+    try:
+        return rates.parse_rate(text)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
 
 
 def find_mpiexec():

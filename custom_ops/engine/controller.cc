@@ -1,0 +1,138 @@
+#include "controller.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace ddl {
+
+namespace {
+
+// Layout of the word vector every rank contributes to the per-cycle AND:
+// word 0 holds flags stored inverted (a rank clears a bit to raise it, so
+// the AND computes "any rank raised it"); then one bit per cache slot
+// (AND = offered by every rank); then the same bits inverted (AND of the
+// inverses = no rank offered it, i.e. NOT any).
+constexpr uint64_t kFlagHasRequests = 1u << 0;   // some rank has names to offer
+constexpr uint64_t kFlagShutdown = 1u << 1;      // some rank is shutting down
+constexpr uint64_t kFlagCoordinator = 1u << 2;   // rank 0 has a verdict to send
+
+}  // namespace
+
+Controller::Controller(ControlPlane& plane, const Config& config)
+    : plane_(plane), cache_(config.cache_capacity) {
+  if (plane.rank() == 0) coordinator_ = std::make_unique<Coordinator>(plane.size(), config);
+}
+
+bool Controller::Offer(const Request& request) {
+  if (pending_.count(request.name)) return false;
+  PendingRequest p;
+  p.request = request;
+  int slot = -1;
+  p.cached = cache_.Find(request, &slot);
+  if (!p.cached) unsent_.push_back(request);
+  pending_.emplace(request.name, std::move(p));
+  return true;
+}
+
+void Controller::DropAll() {
+  pending_.clear();
+  unsent_.clear();
+}
+
+Negotiated Controller::Negotiate(bool shutting_down) {
+  const auto now = std::chrono::steady_clock::now;
+  const int slots = cache_.num_slots();
+  const int slot_words = (slots + 63) / 64;
+  std::vector<uint64_t> words(1 + 2 * slot_words, 0);
+  words[0] = ~uint64_t(0);
+  if (!unsent_.empty()) words[0] &= ~kFlagHasRequests;
+  if (shutting_down) words[0] &= ~kFlagShutdown;
+  if (coordinator_) {
+    coordinator_->CheckStalls(now());
+    if (coordinator_->HasPendingVerdict()) words[0] &= ~kFlagCoordinator;
+  }
+  for (int i = 0; i < slot_words; ++i) words[1 + slot_words + i] = ~uint64_t(0);
+  for (const auto& [name, p] : pending_) {
+    if (!p.cached) continue;
+    int slot = -1;
+    cache_.Find(p.request, &slot);
+    words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
+    words[1 + slot_words + slot / 64] &= ~(uint64_t(1) << (slot % 64));
+  }
+  plane_.AllreduceBitwiseAnd(words, pending_.empty() && !shutting_down);
+
+  Negotiated out;
+  out.exchanged = !(words[0] & kFlagHasRequests) || !(words[0] & kFlagCoordinator);
+  out.shutdown = !(words[0] & kFlagShutdown);
+
+  // Cached names offered by every rank run first, in slot order; names
+  // offered by some but not all go to the coordinator's stall tracking.
+  std::vector<int> partial;
+  for (int slot = 0; slot < slots; ++slot) {
+    const bool all = (words[1 + slot / 64] >> (slot % 64)) & 1;
+    const bool none = (words[1 + slot_words + slot / 64] >> (slot % 64)) & 1;
+    if (all) out.run.push_back(cache_.NameAt(slot));
+    else if (!none) partial.push_back(slot);
+  }
+
+  ResponseList responses;
+  if (out.exchanged) {
+    std::vector<std::vector<char>> gathered = plane_.GatherBytes(EncodeRequests(unsent_), 0);
+    unsent_.clear();
+    std::vector<char> encoded;
+    if (coordinator_) {
+      for (const auto& bytes : gathered) coordinator_->Add(DecodeRequests(bytes), cache_, now());
+      encoded = EncodeResponses(coordinator_->Respond());
+    }
+    plane_.BroadcastBytes(encoded, 0);
+    responses = DecodeResponses(encoded);
+  }
+  if (coordinator_) coordinator_->TrackPartialSlots(partial, cache_, now());
+
+  const size_t cache_ready = out.run.size();
+  for (const std::string& name : responses.evictions) {
+    cache_.Evict(name);
+    auto it = pending_.find(name);
+    // Cache-ready names of this cycle run anyway; others go back to naming.
+    if (it != pending_.end() && it->second.cached &&
+        std::find(out.run.begin(), out.run.begin() + cache_ready, name) ==
+            out.run.begin() + cache_ready) {
+      it->second.cached = false;
+      unsent_.push_back(it->second.request);
+    }
+  }
+  for (auto& [name, message] : responses.errors) {
+    if (pending_.erase(name)) out.refused.emplace_back(name, std::move(message));
+  }
+  for (const std::string& name : out.run) pending_.erase(name);
+  for (const std::string& name : responses.ready) {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) {
+      throw std::runtime_error("coordinator cleared '" + name + "', which this rank never offered");
+    }
+    // Every rank inserts the same requests in the same order, so slots agree.
+    cache_.Insert(it->second.request);
+    out.run.push_back(name);
+    pending_.erase(it);
+  }
+  out.fatal = std::move(responses.fatal);
+  return out;
+}
+
+std::string Controller::RanksShuttingDown(bool me) {
+  // A cleared bit is a rank that shuts down.
+  const int n = plane_.size();
+  std::vector<uint64_t> bits((n + 63) / 64, ~uint64_t(0));
+  const int r = plane_.rank();
+  if (me) bits[r / 64] &= ~(uint64_t(1) << (r % 64));
+  plane_.AllreduceBitwiseAnd(bits, false);
+  std::string ranks;
+  for (int i = 0; i < n; ++i) {
+    if (bits[i / 64] >> (i % 64) & 1) continue;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(i);
+  }
+  return "rank(s) [" + ranks + "]";
+}
+
+}  // namespace ddl

@@ -1,0 +1,72 @@
+// Negotiation: which named collectives every rank is ready to run, and in
+// which order. Each cycle every rank offers what became ready here: names
+// the response cache holds cost one bit in a bitwise AND over all ranks,
+// others go by name to the coordinator (rank 0), which answers every rank
+// with the same list. The controller knows requests, never data buffers:
+// the engine keeps the work and runs what Negotiate returns.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../transport/control_plane.h"
+#include "config.h"
+#include "coordinator.h"
+#include "message.h"
+#include "response_cache.h"
+
+namespace ddl {
+
+// What one negotiation cycle decided; identical on every rank except
+// `refused`, which lists only the names pending on this rank.
+struct Negotiated {
+  // Ready on every rank, in the order every rank must execute them.
+  std::vector<std::string> run;
+  // Names that cannot run, with the message to raise (without the rank).
+  std::vector<std::pair<std::string, std::string>> refused;
+  // Non-empty: the job cannot continue (a stall timed out); all ranks stop.
+  std::string fatal;
+  // Some rank asked to shut down: every rank stops after this cycle.
+  bool shutdown = false;
+  // The by-name exchange ran (the cycle was not only the AND).
+  bool exchanged = false;
+};
+
+class Controller {
+ public:
+  // `plane` spans every rank of the job; rank 0 coordinates.
+  Controller(ControlPlane& plane, const Config& config);
+
+  // Adds a request this rank is ready to run. False if a request of that
+  // name is already pending here (names must be unique while in flight).
+  bool Offer(const Request& request);
+  bool HasPending() const { return !pending_.empty(); }
+
+  // One cycle; collective over the plane. `shutting_down`: this rank asks
+  // every rank to stop. Throws PeerTimeout when a rank stays silent.
+  Negotiated Negotiate(bool shutting_down);
+
+  // Forgets every pending request (the engine failed their work).
+  void DropAll();
+
+  // After a cycle whose outcome was shutdown, every rank calls this once:
+  // "rank(s) [..]" of those that asked (`me`: this rank did).
+  std::string RanksShuttingDown(bool me);
+
+ private:
+  struct PendingRequest {
+    Request request;
+    bool cached = false;  // offered through the cache bit, not by name
+  };
+
+  ControlPlane& plane_;
+  ResponseCache cache_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unordered_map<std::string, PendingRequest> pending_;
+  std::vector<Request> unsent_;  // to offer by name in the next cycle
+};
+
+}  // namespace ddl

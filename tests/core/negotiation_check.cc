@@ -1,0 +1,247 @@
+// The engine's negotiation (engine/controller.h over the coordinator and
+// the response cache) with threads as ranks (tests/core/in_process.h):
+// every rank runs its own Controller through the same number of cycles,
+// offering requests on its own schedule, and the outcomes are compared
+// across ranks. Prints one line per failure and "<N> checks, <F> failures".
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <thread>
+
+#include "engine/controller.h"
+#include "in_process.h"
+
+using namespace ddl;
+using ddl_test::InProcessGroup;
+using ddl_test::InProcessRank;
+
+namespace {
+
+int checks = 0, failures = 0;
+
+void Expect(bool ok, const std::string& what) {
+  ++checks;
+  if (!ok) {
+    ++failures;
+    std::printf("FAIL %s\n", what.c_str());
+  }
+}
+
+Request Make(const std::string& name, int rank, std::vector<int64_t> shape = {4},
+             DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
+  Request r;
+  r.name = name;
+  r.rank = rank;
+  r.dtype = r.wire = dtype;
+  r.op = op;
+  r.shape = std::move(shape);
+  return r;
+}
+
+// offers(rank, cycle) -> requests that rank offers before that cycle.
+using Schedule = std::function<std::vector<Request>(int rank, int cycle)>;
+
+// outcomes[rank][cycle].
+std::vector<std::vector<Negotiated>> Drive(int n, int cycles, const Schedule& offers,
+                                           Config config = Config(),
+                                           std::function<bool(int, int)> shutting = nullptr,
+                                           std::chrono::milliseconds pause = {}) {
+  InProcessGroup group(n, 1 << 20);
+  std::vector<std::vector<Negotiated>> out(n);
+  group.Run([&](int r) {
+    InProcessRank plane(group, r);
+    Controller controller(plane, config);
+    for (int c = 0; c < cycles; ++c) {
+      for (const Request& q : offers(r, c)) {
+        if (!controller.Offer(q)) throw std::runtime_error("duplicate offer of " + q.name);
+      }
+      out[r].push_back(controller.Negotiate(shutting && shutting(r, c)));
+      if (pause.count()) std::this_thread::sleep_for(pause);
+    }
+  });
+  return out;
+}
+
+bool SameRuns(const std::vector<std::vector<Negotiated>>& out, int cycle) {
+  for (size_t r = 1; r < out.size(); ++r) {
+    if (out[r][cycle].run != out[0][cycle].run) return false;
+  }
+  return true;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Ranks offer the same names in different orders; the first cycle names
+// them, later rounds go through the cache bits only.
+void OutOfOrderNamesRunInOneOrderThenFromTheCache() {
+  const int n = 3;
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
+  auto schedule = [&](int r, int c) {
+    std::vector<Request> rq;
+    if (c % 2) return rq;  // rounds at cycles 0, 2, 4
+    for (size_t i = 0; i < names.size(); ++i) rq.push_back(Make(names[(i + r * 2) % names.size()], r));
+    return rq;
+  };
+  auto out = Drive(n, 6, schedule);
+  for (int c = 0; c < 6; ++c) Expect(SameRuns(out, c), "out of order: cycle " + std::to_string(c) + " runs differ");
+  std::vector<std::string> sorted = out[0][0].run;
+  std::sort(sorted.begin(), sorted.end());
+  Expect(sorted == names, "out of order: every name runs in the first cycle");
+  Expect(out[0][0].exchanged, "out of order: the first round goes by name");
+  for (int c : {2, 4}) {
+    Expect(out[0][c].run.size() == names.size(), "out of order: round at cycle " + std::to_string(c) + " runs all");
+    for (int r = 0; r < n; ++r) {
+      Expect(!out[r][c].exchanged, "out of order: cached round at cycle " + std::to_string(c) +
+                                       " needs no exchange on rank " + std::to_string(r));
+    }
+  }
+}
+
+// A name runs in the cycle its last rank offers it, on every rank at once.
+void StaggeredOffersRunWhenTheLastRankArrives() {
+  auto schedule = [](int r, int c) {
+    return c == 2 * r ? std::vector<Request>{Make("x", r)} : std::vector<Request>{};
+  };
+  auto out = Drive(3, 6, schedule);
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 6; ++c) {
+      const bool ran = out[r][c].run == std::vector<std::string>{"x"};
+      Expect(ran == (c == 4), "staggered: rank " + std::to_string(r) + " cycle " +
+                                  std::to_string(c) + (c == 4 ? " should run x" : " should not run x"));
+    }
+  }
+}
+
+// Mismatched shapes, an integer Average and a changed cached request: the
+// name is refused on every rank, in the same cycle, with the difference.
+void MismatchesAreRefusedOnEveryRank() {
+  const int n = 3;
+  auto schedule = [](int r, int c) {
+    std::vector<Request> rq;
+    if (c == 0) {
+      rq.push_back(Make("w", r, {r == 1 ? 4 : 3}));
+      rq.push_back(Make("avg", r, {2}, DataType::kInt32, ReduceOp::kAverage));
+      rq.push_back(Make("k", r));
+    }
+    // "k" is cached after cycle 0; rank 2 then offers it as float64.
+    if (c == 2) rq.push_back(Make("k", r, {4}, r == 2 ? DataType::kFloat64 : DataType::kFloat32));
+    return rq;
+  };
+  auto out = Drive(n, 8, schedule);
+  for (int r = 0; r < n; ++r) {
+    auto refused = [&](int c, const std::string& name) -> std::string {
+      for (auto& [nm, msg] : out[r][c].refused) if (nm == name) return msg;
+      return "";
+    };
+    const std::string w = refused(0, "w"), avg = refused(0, "avg");
+    Expect(Contains(w, "shape") && Contains(w, "'w'"),
+           "mismatch: rank " + std::to_string(r) + " refuses w naming the shape: '" + w + "'");
+    Expect(Contains(avg, "Average") && Contains(avg, "int32"),
+           "mismatch: rank " + std::to_string(r) + " refuses the integer Average: '" + avg + "'");
+    Expect(out[r][0].run == std::vector<std::string>{"k"}, "mismatch: k runs in cycle 0 on rank " + std::to_string(r));
+    int refused_at = -1, ran_at = -1;
+    for (int c = 2; c < 8; ++c) {
+      if (!refused(c, "k").empty() && refused_at < 0) refused_at = c;
+      if (std::count(out[r][c].run.begin(), out[r][c].run.end(), "k")) ran_at = c;
+    }
+    Expect(ran_at < 0, "changed cached request: k must not run again on rank " + std::to_string(r));
+    Expect(refused_at >= 0 && Contains(refused(refused_at, "k"), "float64"),
+           "changed cached request: rank " + std::to_string(r) + " refuses k naming the dtype");
+    Expect(refused_at == [&] { for (int c = 2; c < 8; ++c) if (!out[0][c].refused.empty()) return c; return -1; }(),
+           "changed cached request: refused in the same cycle on rank " + std::to_string(r));
+  }
+}
+
+// More names than cache slots: they still run, identically everywhere.
+void ASmallCacheEvictsAndStillAgrees() {
+  Config config;
+  config.cache_capacity = 2;
+  auto schedule = [](int r, int c) {
+    std::vector<Request> rq;
+    for (int i = 0; i < 5; ++i) rq.push_back(Make("t" + std::to_string((i + c + r) % 5), r));
+    return rq;
+  };
+  auto out = Drive(3, 4, schedule, config);
+  int total = 0;
+  for (int c = 0; c < 4; ++c) {
+    Expect(SameRuns(out, c), "small cache: cycle " + std::to_string(c) + " runs differ");
+    total += static_cast<int>(out[0][c].run.size());
+  }
+  Expect(total == 20, "small cache: 20 runs over 4 rounds, got " + std::to_string(total));
+}
+
+// A name one rank never offers: past DDL_STALL_TIMEOUT_S every rank gets
+// the same fatal verdict, naming the rank that is missing.
+void AStallTimesOutNamingTheMissingRank() {
+  Config config;
+  config.stall_warning_s = 0.1;
+  config.stall_timeout_s = 0.4;
+  auto schedule = [](int r, int c) {
+    return c == 0 && r != 2 ? std::vector<Request>{Make("s", r)} : std::vector<Request>{};
+  };
+  auto out = Drive(3, 30, schedule, config, nullptr, std::chrono::milliseconds(40));
+  int fatal_at = -1;
+  for (int c = 0; c < 30 && fatal_at < 0; ++c) if (!out[0][c].fatal.empty()) fatal_at = c;
+  Expect(fatal_at > 0, "stall: a fatal verdict within 1.2 s");
+  if (fatal_at > 0) {
+    for (int r = 0; r < 3; ++r) {
+      Expect(out[r][fatal_at].fatal == out[0][fatal_at].fatal,
+             "stall: rank " + std::to_string(r) + " gets the same verdict in the same cycle");
+    }
+    Expect(Contains(out[0][fatal_at].fatal, "'s'"),
+           "stall: the verdict names the tensor");
+    Expect(Contains(out[0][fatal_at].fatal, "2"), "stall: the verdict names rank 2: " + out[0][fatal_at].fatal);
+  }
+}
+
+// One rank asks to shut down: every rank sees it in that cycle and all
+// name the same rank.
+void ShutdownIsSeenByEveryRank() {
+  const int n = 3;
+  InProcessGroup group(n, 1 << 20);
+  std::vector<std::string> who(n);
+  std::vector<int> seen_at(n, -1);
+  group.Run([&](int r) {
+    InProcessRank plane(group, r);
+    Controller controller(plane, Config());
+    for (int c = 0; c < 5; ++c) {
+      const bool me = r == 1 && c == 3;
+      if (controller.Negotiate(me).shutdown) {
+        seen_at[r] = c;
+        who[r] = controller.RanksShuttingDown(me);
+        break;
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    Expect(seen_at[r] == 3, "shutdown: rank " + std::to_string(r) + " sees it in cycle 3");
+    Expect(who[r] == "rank(s) [1]", "shutdown: rank " + std::to_string(r) + " names rank 1: " + who[r]);
+  }
+}
+
+void ADuplicateNameIsRefusedLocally() {
+  InProcessGroup group(1, 1 << 20);
+  InProcessRank plane(group, 0);
+  Controller controller(plane, Config());
+  Expect(controller.Offer(Make("dup", 0)), "duplicate: the first offer is accepted");
+  Expect(!controller.Offer(Make("dup", 0)), "duplicate: the second offer is refused");
+  Expect(controller.Negotiate(false).run == std::vector<std::string>{"dup"}, "duplicate: one run");
+  Expect(!controller.HasPending(), "duplicate: nothing pending after the run");
+}
+
+}  // namespace
+
+int main() {
+  OutOfOrderNamesRunInOneOrderThenFromTheCache();
+  StaggeredOffersRunWhenTheLastRankArrives();
+  MismatchesAreRefusedOnEveryRank();
+  ASmallCacheEvictsAndStillAgrees();
+  AStallTimesOutNamingTheMissingRank();
+  ShutdownIsSeenByEveryRank();
+  ADuplicateNameIsRefusedLocally();
+  std::printf("%d checks, %d failures\n", checks, failures);
+  return failures ? 1 : 0;
+}
