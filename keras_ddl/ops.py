@@ -8,6 +8,7 @@ work inside ``tf.GradientTape`` and ``tf.function``.
 
 import enum
 import itertools
+import numbers
 import threading
 import weakref
 
@@ -212,7 +213,6 @@ class Compression:
 
 
 def _check_factor(factor, argument):
-    import numbers
     if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
         raise TypeError(f"keras_ddl: {argument} must be a number, got {factor!r} "
                         f"on rank {basics.rank()}")
