@@ -78,6 +78,10 @@ def test_refused_arguments_name_themselves():
         hvd_tf.broadcast_object(1, session=object())
     with pytest.raises(NotImplementedError, match="join"):
         hvd.join()
+    with pytest.raises(NotImplementedError, match="elastic"):
+        hvd.elastic  # noqa: B018
+    with pytest.raises(AttributeError):
+        hvd_tf.no_such_name  # noqa: B018
     with pytest.raises(NotImplementedError, match="DDL_TIMELINE"):
         hvd.stop_timeline()
     with pytest.raises(ValueError, match="gradient_predivide_factor"):

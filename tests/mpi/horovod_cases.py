@@ -199,6 +199,9 @@ def grouped_allreduce_indexed_slices():
     reference = np.zeros(dense_shape, np.float32)
     for r in range(size):
         np.add.at(reference, [r, r + 1], rank_values(r, [2, 3]))
+    scaled = hvd_tf.allreduce(slices, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    assert isinstance(scaled, tf.IndexedSlices), type(scaled)
+    assert_equal(scaled.values, all_values * 0.5, "slices with pre and post factors")
     dense = hvd_tf.grouped_allreduce([slices], op=hvd.Sum)[0]
     assert_equal(tf.convert_to_tensor(dense), reference, "slices summed, densified after")
     as_dense = ddl.grouped_allreduce([slices], op=ddl.Sum, sparse_as_dense=True)[0]

@@ -328,3 +328,11 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
         groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def __getattr__(name):
+    if name == "elastic":
+        raise NotImplementedError("keras_ddl.horovod: elastic training is not supported (a dead "
+                                  "rank ends the job; resume with "
+                                  "keras_ddl.callbacks.BackupAndRestore)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -148,3 +148,11 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
         model.optimizer = ddl.DistributedOptimizer(
             optimizer, compression=check_compression(compression, "load_model"))
     return model
+
+
+def __getattr__(name):
+    if name == "elastic":
+        raise NotImplementedError("keras_ddl.horovod: elastic training is not supported (a dead "
+                                  "rank ends the job; resume with "
+                                  "keras_ddl.callbacks.BackupAndRestore)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
