@@ -53,6 +53,9 @@ def allreduce_pre_and_postscale_eager_function_and_gradient():
         return ddl.grouped_allreduce([a, b], op=ddl.Sum, prescale_factor=0.5,
                                      postscale_factor=8.0)
 
+    single = tf.function(lambda t: ddl.allreduce(t, op=ddl.Average, prescale_factor=2.0,
+                                                 postscale_factor=0.5))
+    assert_equal(single(tf.constant(x)), (total / size).astype(np.float32), "allreduce in tf.function")
     a, b = grouped(tf.constant(x), tf.constant(2 * x))
     assert_equal(a, total * 4.0, "grouped in tf.function [0]")
     assert_equal(b, total * 8.0, "grouped in tf.function [1]")
@@ -202,6 +205,11 @@ def grouped_allreduce_indexed_slices():
     scaled = hvd_tf.allreduce(slices, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
     assert isinstance(scaled, tf.IndexedSlices), type(scaled)
     assert_equal(scaled.values, all_values * 0.5, "slices with pre and post factors")
+    traced = tf.function(lambda v, i: ddl.grouped_allreduce(
+        [tf.IndexedSlices(v, i, tf.constant(dense_shape))], op=ddl.Average)[0])
+    in_function = traced(tf.constant(values), tf.constant(indices))
+    assert_equal(in_function.values, (all_values / size).astype(np.float32),
+                 "gathered values in tf.function")
     dense = hvd_tf.grouped_allreduce([slices], op=hvd.Sum)[0]
     assert_equal(tf.convert_to_tensor(dense), reference, "slices summed, densified after")
     as_dense = ddl.grouped_allreduce([slices], op=ddl.Sum, sparse_as_dense=True)[0]
@@ -329,6 +337,10 @@ def partial_tape_scales_and_skips_local_gradients():
             np.testing.assert_allclose(g, p / size, rtol=1e-6, err_msg=variable.path)
         else:
             np.testing.assert_allclose(g, ddl.allreduce(p), rtol=1e-6, err_msg=variable.path)
+    traced = tf.function(lambda: gradients(lambda tape: ddl.PartialDistributedGradientTape(
+        tape, local_layers=[head])))()
+    for p, t in zip(partial, traced):
+        np.testing.assert_allclose(t, p, rtol=1e-6, err_msg="partial tape in tf.function")
     unscaled = gradients(lambda tape: ddl.PartialDistributedGradientTape(
         tape, local_layers=head, scale_local_gradients=False))
     np.testing.assert_allclose(unscaled[-1], plain[-1], rtol=1e-6, err_msg="unscaled local")
