@@ -51,12 +51,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Args:
         root_rank: The rank whose values every rank takes. Defaults to 0.
+        local_variables: Variables that keep each rank's own value (not
+            broadcast), e.g. those of the local layers of a
+            `PartialDistributedOptimizer`. Defaults to None (none).
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, local_variables=None):
         super().__init__()
         self.root_rank = check_rank_argument(root_rank, "root_rank",
                                              "BroadcastGlobalVariablesCallback")
+        self._local_ids = {id(v) for v in (local_variables or ())}
         self._after_first_batch = False
         self._batch_started = False
 
@@ -65,7 +69,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
-        return variables
+        return [v for v in variables if id(v) not in self._local_ids]
 
     def broadcast(self):
         """Broadcasts the model's and optimizer's variables now."""

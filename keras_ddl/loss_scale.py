@@ -84,7 +84,7 @@ def _apply(original, optimizer, grads, trainable_variables):
     distributed = _distributed_inner(optimizer)
     if distributed is not None:
         if distributed.accumulation_steps == 1:
-            reduced = distributed._reduce(grads)
+            reduced = distributed._reduce(grads, trainable_variables)
             with distributed._gradients_reduced_by_caller():
                 return original(optimizer, reduced, trainable_variables)
         with _agreeing_on_finiteness():

@@ -8,6 +8,7 @@ work inside ``tf.GradientTape`` and ``tf.function``.
 
 import enum
 import itertools
+import numbers
 import threading
 import weakref
 
@@ -112,11 +113,22 @@ def _from_wire(tensor, dtype):
     return tf.cast(tensor, dtype) if dtype == tf.bool else tf.bitcast(tensor, dtype)
 
 
+def densify(slices, argument):
+    """``slices`` (a tf.IndexedSlices) as a dense tensor; a clear error, naming
+    ``argument`` and the rank, when it has no ``dense_shape`` to densify to."""
+    if slices.dense_shape is None:
+        raise ValueError(
+            f"keras_ddl: {argument} is a tf.IndexedSlices without dense_shape (on rank "
+            f"{basics.rank()}), so it cannot be made dense; give it a dense_shape, or reduce it "
+            "as slices (sparse_as_dense=False)")
+    return tf.convert_to_tensor(slices)
+
+
 def _to_tensor(value, argument):
     if isinstance(value, tf.Tensor):
         return value
     if isinstance(value, tf.IndexedSlices):
-        value = tf.convert_to_tensor(value)
+        value = densify(value, argument)
     try:
         return tf.convert_to_tensor(value)
     except (TypeError, ValueError) as e:
@@ -128,6 +140,20 @@ def _to_tensor(value, argument):
 # collective into it, a counter of its unnamed collectives).
 _graph_names = weakref.WeakKeyDictionary()
 _graph_order = itertools.count()
+
+
+def auto_name(name, kind):
+    """``name``, or when it is None the name an unnamed collective of this
+    ``kind`` gets here (see ``_name_input``); a string."""
+    if name is not None:
+        return name
+    if tf.executing_eagerly():
+        return f"{kind}.{next(_eager_names)}"
+    graph = tf.compat.v1.get_default_graph()
+    entry = _graph_names.get(graph)
+    if entry is None:
+        entry = _graph_names[graph] = (next(_graph_order), itertools.count())
+    return f"graph{entry[0]}.{kind}.{next(entry[1])}"
 
 
 def _name_input(name, kind, carried=None):
@@ -146,15 +172,7 @@ def _name_input(name, kind, carried=None):
     steps, a retrace) never share a name: ranks out of step then wait for
     each other and are reported, instead of pairing unrelated tensors.
     """
-    if name is None:
-        if tf.executing_eagerly():
-            name = f"{kind}.{next(_eager_names)}"
-        else:
-            graph = tf.compat.v1.get_default_graph()
-            entry = _graph_names.get(graph)
-            if entry is None:
-                entry = _graph_names[graph] = (next(_graph_order), itertools.count())
-            name = f"graph{entry[0]}.{kind}.{next(entry[1])}"
+    name = auto_name(name, kind)
     if carried is not None:
         name = f"{name}.{carried.name}"
     if not tf.executing_eagerly():
@@ -220,52 +238,127 @@ class Compression:
     bf16 = _Cast(tf.bfloat16, "bf16")
 
 
+def _check_factor(factor, argument):
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+        raise TypeError(f"keras_ddl: {argument} must be a number, got {factor!r} "
+                        f"on rank {basics.rank()}")
+    return float(factor)
+
+
+def scale(tensor, factor):
+    """``tensor * factor`` (``factor`` a Python float). Floating tensors are
+    multiplied in their dtype; integer tensors in float64, then truncated
+    back to their dtype. A factor of 1 adds no op."""
+    if factor == 1.0:
+        return tensor
+    if tensor.dtype.is_floating:
+        return tensor * tf.cast(factor, tensor.dtype)
+    return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
+
+
 @_not_converted
-def allreduce(tensor, op=Average, name=None, compression=Compression.none):
+def allreduce(tensor, op=Average, name=None, compression=Compression.none,
+              prescale_factor=1.0, postscale_factor=1.0):
     """Reduces ``tensor`` over all ranks; every rank gets the same result.
 
     Results are bitwise identical on every rank. ``Average`` divides the sum
-    by ``size()`` and is an error for integer dtypes.
+    by ``size()`` and is an error for integer dtypes. A ``tf.IndexedSlices``
+    is reduced by gathering its values and indices (``Sum``/``Average`` only).
+
+    Args:
+        tensor: The tensor (or tf.IndexedSlices) to reduce.
+        op: ``Sum``, ``Average`` (default), ``Min``, ``Max`` or ``Product``.
+        name: Name of the collective (the same on every rank), or None.
+        compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
+        prescale_factor: Multiplies ``tensor`` before the reduction.
+        postscale_factor: Multiplies the result after the reduction. Both
+            are part of the gradient: it is ``allreduce(grad, op)`` scaled by
+            both factors.
     """
+    prescale_factor = _check_factor(prescale_factor, "prescale_factor")
+    postscale_factor = _check_factor(postscale_factor, "postscale_factor")
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, op, name)
+        return _allreduce_indexed_slices(tensor, op, name, "tensor", prescale_factor,
+                                         postscale_factor)
     tensor = _to_tensor(tensor, "tensor")
     _check_tensor(tensor, "tensor", op)
-    wire, original = compression.compress(tensor)
+    wire, original = compression.compress(scale(tensor, prescale_factor))
     out = op_library().ddl_allreduce(wire, _name_input(name, "allreduce"), reduce_op=int(op),
                                      wire_dtype=compression.engine_wire(tensor))
-    return compression.decompress(out, original)
+    return scale(compression.decompress(out, original), postscale_factor)
 
 
-def _allreduce_indexed_slices(slices, op, name):
+def _allreduce_indexed_slices(slices, op, name, argument, prescale_factor=1.0,
+                              postscale_factor=1.0):
     # Sparse gradients (embeddings) are gathered, not densified: the sum of
     # IndexedSlices is the concatenation of their rows.
-    if ReduceOp(op) not in (Sum, Average):
-        raise ValueError(f"keras_ddl: op={ReduceOp(op).name} is not defined for IndexedSlices")
-    values = allgather(slices.values, name=None if name is None else name + ".values")
-    indices = allgather(slices.indices, name=None if name is None else name + ".indices")
-    if ReduceOp(op) == Average:
+    op = ReduceOp(op)
+    if op not in (Sum, Average):
+        raise ValueError(f"keras_ddl: op={op.name} is not defined for IndexedSlices "
+                         f"({argument}, rank {basics.rank()}); use Sum or Average")
+    if op == Average and not slices.values.dtype.is_floating:
+        raise TypeError(f"keras_ddl: op=Average of the integer IndexedSlices {argument} "
+                        f"(dtype {slices.values.dtype.name}, rank {basics.rank()}) would "
+                        "not be exact; use Sum")
+    base = auto_name(name, "allreduce_slices")
+    values = allgather(scale(slices.values, prescale_factor), name=base + ".values")
+    indices = allgather(slices.indices, name=base + ".indices")
+    if op == Average:
         values = values / tf.cast(basics.size(), values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+    return tf.IndexedSlices(scale(values, postscale_factor), indices,
+                            dense_shape=slices.dense_shape)
 
 
 @_not_converted
-def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.none):
-    """Allreduces a list of tensors in one negotiation and fused transfers."""
-    tensors = [_to_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.none,
+                      prescale_factor=1.0, postscale_factor=1.0, sparse_as_dense=False):
+    """Allreduces a list of tensors in one negotiation and fused transfers.
+
+    Args:
+        tensors: A list of tensors; ``tf.IndexedSlices`` among them are
+            reduced by gathering their values and indices (as ``allreduce``
+            does), or densified first with ``sparse_as_dense=True``.
+        op, name, compression, prescale_factor, postscale_factor: as for
+            ``allreduce``.
+        sparse_as_dense: Densify ``tf.IndexedSlices`` (they need a
+            ``dense_shape``) and reduce them with the dense tensors.
+
+    Returns:
+        A list of the results, in the order of ``tensors``.
+    """
+    prescale_factor = _check_factor(prescale_factor, "prescale_factor")
+    postscale_factor = _check_factor(postscale_factor, "postscale_factor")
+    tensors = list(tensors)
     if not tensors:
         return []
+    sparse = [i for i, t in enumerate(tensors)
+              if isinstance(t, tf.IndexedSlices) and not sparse_as_dense]
+    if sparse:
+        base = auto_name(name, "grouped_allreduce")
+        out = [None] * len(tensors)
+        for i in sparse:
+            out[i] = _allreduce_indexed_slices(tensors[i], op, f"{base}.slices{i}",
+                                               f"tensors[{i}]", prescale_factor,
+                                               postscale_factor)
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        reduced = grouped_allreduce([tensors[i] for i in dense], op, base, compression,
+                                    prescale_factor, postscale_factor)
+        for i, r in zip(dense, reduced):
+            out[i] = r
+        return out
+    tensors = [_to_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
     wires, originals = [], []
     for i, t in enumerate(tensors):
         _check_tensor(t, f"tensors[{i}]", op)
-        wire, original = compression.compress(t)
+        wire, original = compression.compress(scale(t, prescale_factor))
         wires.append(wire)
         originals.append(original)
     # One attribute for the op: it applies to the float32 members only.
     engine_wire = max(compression.engine_wire(t) for t in tensors)
     outs = op_library().ddl_grouped_allreduce(
         wires, _name_input(name, "grouped_allreduce"), reduce_op=int(op), wire_dtype=engine_wire)
-    return [compression.decompress(o, orig) for o, orig in zip(outs, originals)]
+    return [scale(compression.decompress(o, orig), postscale_factor)
+            for o, orig in zip(outs, originals)]
 
 
 @_not_converted
@@ -292,16 +385,20 @@ def broadcast(tensor, root_rank=0, name=None):
 
 
 @_not_converted
-def reducescatter(tensor, op=Sum, name=None):
+def reducescatter(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces over ranks and returns this rank's block of rows of axis 0.
 
     Rows are split as evenly as possible: the first ``rows % size`` ranks
-    get one more row than the others.
+    get one more row than the others. ``prescale_factor`` multiplies the
+    input, ``postscale_factor`` the result (both enter the gradient).
     """
+    prescale_factor = _check_factor(prescale_factor, "prescale_factor")
+    postscale_factor = _check_factor(postscale_factor, "postscale_factor")
     tensor = _to_tensor(tensor, "tensor")
     _check_tensor(tensor, "tensor", op)
-    return op_library().ddl_reducescatter(tensor, _name_input(name, "reducescatter"),
-                                          reduce_op=int(op))
+    out = op_library().ddl_reducescatter(scale(tensor, prescale_factor),
+                                         _name_input(name, "reducescatter"), reduce_op=int(op))
+    return scale(out, postscale_factor)
 
 
 @_not_converted
@@ -324,18 +421,112 @@ def broadcast_variables(variables, root_rank=0):
     Variables are packed per dtype into one buffer each, so the whole list
     costs one collective per dtype.
     """
-    variables = list(variables)
     _check_root(root_rank)
-    call = next(_broadcast_calls)
+    _broadcast_packed(list(variables), root_rank, f"broadcast_variables.{next(_broadcast_calls)}")
+
+
+def _broadcast_packed(variables, root_rank, prefix):
     by_dtype = {}
     for v in variables:
         by_dtype.setdefault(tf.as_dtype(v.dtype), []).append(v)
     for dtype, group in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
         flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], axis=0)
-        flat = broadcast(flat, root_rank, name=f"broadcast_variables.{call}.{dtype.name}")
+        flat = broadcast(flat, root_rank, name=f"{prefix}.{dtype.name}")
         sizes = [int(tf.size(tf.convert_to_tensor(v))) for v in group]
         for v, part in zip(group, tf.split(flat, sizes)):
             v.assign(tf.reshape(part, tf.shape(tf.convert_to_tensor(v))))
+
+
+@_not_converted
+def broadcast_(variables, root_rank, name=None):
+    """In-place broadcast: assigns ``root_rank``'s values to ``variables``.
+
+    Like ``broadcast_variables``, and also usable inside ``tf.function``
+    (one broadcast per variable there; eagerly one per dtype).
+
+    Args:
+        variables: A list of variables (tf.Variable or keras.Variable).
+        root_rank: The rank whose values every rank takes.
+        name: Prefix of the collectives' names (the same on every rank), or None.
+
+    Returns:
+        The list of the variables' new values.
+    """
+    variables = list(variables)
+    _check_root(root_rank)
+    base = auto_name(name, "broadcast_")
+    if tf.executing_eagerly():
+        _broadcast_packed(variables, root_rank, base)
+    else:
+        for i, v in enumerate(variables):
+            v.assign(broadcast(tf.convert_to_tensor(v), root_rank, name=f"{base}.{i}"))
+    return [tf.convert_to_tensor(v) for v in variables]
+
+
+def broadcast_global_variables(root_rank):
+    """Not available: Keras 3 and TensorFlow 2 have no global variable
+    collection to broadcast (Horovod's version also fails under eager
+    execution). Always raises RuntimeError naming what to call instead."""
+    raise RuntimeError(
+        "keras_ddl: broadcast_global_variables() has no global variable collection to "
+        f"broadcast in TensorFlow 2 / Keras 3 (root_rank={root_rank!r}, rank {basics.rank()}). "
+        "Broadcast the variables themselves: keras_ddl.broadcast_variables(model.variables + "
+        "optimizer.variables, root_rank), or pass "
+        "keras_ddl.callbacks.BroadcastGlobalVariablesCallback(root_rank) to model.fit.")
+
+
+@_not_converted
+def grouped_allgather(tensors, name=None):
+    """``allgather`` of each tensor of a list; returns the list of results.
+
+    Member ``i`` is the collective ``"<name>.<i>"`` (the name is generated
+    once for the group when None), so every rank pairs the same members;
+    inside ``tf.function`` the engine fuses the members ready together.
+    """
+    base = auto_name(name, "grouped_allgather")
+    return [allgather(t, name=f"{base}.{i}") for i, t in enumerate(tensors)]
+
+
+@_not_converted
+def grouped_reducescatter(tensors, op=Sum, name=None, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """``reducescatter`` of each tensor of a list; returns the list of results.
+
+    Args:
+        tensors: A list of tensors (each split along its axis 0).
+        op: ``Sum`` (default, as ``reducescatter``), ``Average``, ``Min``,
+            ``Max`` or ``Product``.
+        name: Prefix of the members' names (``"<name>.<i>"``), or None.
+        prescale_factor, postscale_factor: as for ``reducescatter``.
+    """
+    base = auto_name(name, "grouped_reducescatter")
+    return [reducescatter(t, op=op, name=f"{base}.{i}", prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor) for i, t in enumerate(tensors)]
+
+
+def _int_op(value, name, default):
+    return tf.constant(value, dtype=tf.int32, name=name or default)
+
+
+def rank_op(name=None):
+    """``rank()`` as an int32 tensor (usable inside ``tf.function``; the
+    world does not change after ``init``, so it is a constant)."""
+    return _int_op(basics.rank(), name, "ddl_rank")
+
+
+def size_op(name=None):
+    """``size()`` as an int32 tensor (see ``rank_op``)."""
+    return _int_op(basics.size(), name, "ddl_size")
+
+
+def local_rank_op(name=None):
+    """``local_rank()`` as an int32 tensor (see ``rank_op``)."""
+    return _int_op(basics.local_rank(), name, "ddl_local_rank")
+
+
+def local_size_op(name=None):
+    """``local_size()`` as an int32 tensor (see ``rank_op``)."""
+    return _int_op(basics.local_size(), name, "ddl_local_size")
 
 
 # Gradients. Inside a graph the gradient ops are named after their nodes;

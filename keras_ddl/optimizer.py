@@ -19,7 +19,7 @@ from keras import ops
 
 from . import _private_api, basics, loss_scale
 from .gradient_overlap import check_overlap_args, reduce_tensors
-from .ops import Average, Compression, ReduceOp, Sum
+from .ops import Average, Compression, ReduceOp, Sum, densify
 
 _COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
@@ -51,12 +51,42 @@ def _compression_name(compression):
     return next(k for k, v in _COMPRESSIONS.items() if v is compression)
 
 
-def _dense(grad):
+def _dense(grad, index=None):
     # Sparse gradients (embeddings) are densified: one fused allreduce of
     # dense tensors keeps every rank's update identical and the step simple.
     if isinstance(grad, tf.IndexedSlices):
-        return tf.convert_to_tensor(grad)
+        return densify(grad, "gradient" if index is None else f"gradient {index}")
     return grad
+
+
+def _scaled_locals(grads, is_local, scale_local_gradients):
+    """Local gradients, divided by size() when `scale_local_gradients` (as
+    Horovod does), else as they are."""
+    if not scale_local_gradients:
+        return grads
+    divisor = float(basics.size())
+    out = []
+    for g, local in zip(grads, is_local):
+        if local and g is not None:
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.IndexedSlices(g.values / divisor, g.indices, g.dense_shape)
+            else:
+                g = g / tf.cast(divisor, g.dtype)
+        out.append(g)
+    return out
+
+
+def reduce_gradients_except_local(grads, is_local, scale_local_gradients=True, **kwargs):
+    """`reduce_gradients` of the gradients whose `is_local` entry is False;
+    the others (gradients of rank-local variables) are not communicated and
+    come back as they are, or divided by `size()` with
+    `scale_local_gradients`."""
+    shared = [i for i, local in enumerate(is_local) if not local]
+    reduced = reduce_gradients([grads[i] for i in shared], **kwargs)
+    out = _scaled_locals(list(grads), is_local, scale_local_gradients)
+    for i, r in zip(shared, reduced):
+        out[i] = r
+    return out
 
 
 def reduce_gradients(grads, op=Average, compression=Compression.none, name=None,
@@ -69,7 +99,7 @@ def reduce_gradients(grads, op=Average, compression=Compression.none, name=None,
     `tf.IndexedSlices` come back dense. At `size() == 1` the gradients are
     returned as they are (no collective).
     """
-    grads = [None if g is None else _dense(g) for g in grads]
+    grads = [None if g is None else _dense(g, i) for i, g in enumerate(grads)]
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present or basics.size() == 1:
         return grads
@@ -198,11 +228,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             A positive number: gradients go in buckets of at most this many
             MB (one grouped allreduce each), last layers first. Needs
             `overlap_gradients=True`.
+        average_accumulated_gradients: With `gradient_accumulation_steps=k`,
+            divide the local sum of the k gradients by k (True, default) or
+            reduce the sum itself (False, Horovod's default for
+            `backward_passes_per_step`).
+        scale_local_gradients: Divide the gradients of rank-local variables
+            (`register_local_var`, `PartialDistributedOptimizer`) by
+            `size()`, as Horovod does (True, default), or leave them as
+            they are (False).
     """
 
     def __init__(self, optimizer, op=Average, compression=Compression.none,
                  gradient_accumulation_steps=None, name=None, overlap_gradients=True,
-                 bucket_mb=None):
+                 bucket_mb=None, average_accumulated_gradients=True,
+                 scale_local_gradients=True):
         _refuse_under_ddl_strategy("DistributedOptimizer")
         if isinstance(optimizer, dict):  # a serialized optimizer
             optimizer = keras.optimizers.deserialize(optimizer)
@@ -225,6 +264,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.op = _check_op(op)
         self.compression = _check_compression(compression)
         self.accumulation_steps = steps
+        self.average_accumulated_gradients = bool(average_accumulated_gradients)
+        self.scale_local_gradients = bool(scale_local_gradients)
+        self._local_variable_ids = set()
         self._reduced_by_caller = 0
         loss_scale.install()  # a LossScaleOptimizer around this one decides on reduced gradients
 
@@ -281,14 +323,25 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # The update.
 
-    def _reduce(self, grads):
+    def register_local_var(self, var):
+        """Makes `var` rank-local: its gradient is not reduced across ranks
+        (see `PartialDistributedOptimizer`). Register the same variables on
+        every rank, before the first update. Not saved in the config."""
+        self._local_variable_ids.add(id(var))
+
+    def _reduce(self, grads, variables=None):
         _refuse_under_ddl_strategy("DistributedOptimizer")
         if self._reduced_by_caller:
             return grads
-        return reduce_gradients(grads, op=self.op, compression=self.compression,
-                                name=f"{self.name}.gradients",
-                                overlap_gradients=self.overlap_gradients,
-                                bucket_bytes=self._bucket_bytes)
+        kwargs = dict(op=self.op, compression=self.compression, name=f"{self.name}.gradients",
+                      overlap_gradients=self.overlap_gradients, bucket_bytes=self._bucket_bytes)
+        if not self._local_variable_ids:
+            return reduce_gradients(grads, **kwargs)
+        if variables is None:
+            variables = self._trainable_variables
+        is_local = [id(v) in self._local_variable_ids for v in variables]
+        return reduce_gradients_except_local(grads, is_local, self.scale_local_gradients,
+                                             **kwargs)
 
     @contextlib.contextmanager
     def _gradients_reduced_by_caller(self):
@@ -318,9 +371,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self.build(trainable_variables)
         if not tf.executing_eagerly():
             _check_not_xla()
-        grads = [None if g is None else _dense(g) for g in grads]
+        grads = [None if g is None else _dense(g, i) for i, g in enumerate(grads)]
         if self.accumulation_steps == 1:
-            self.inner_optimizer.apply(self._reduce(grads), trainable_variables)
+            self.inner_optimizer.apply(self._reduce(grads, trainable_variables),
+                                       trainable_variables)
             return
         self._accumulate_and_apply(grads, trainable_variables)
 
@@ -334,9 +388,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         is_update = ops.equal((self._micro_steps + 1) % steps, 0)
 
         def update():
-            means = [None if g is None else (g + ops.cast(a, g.dtype)) / ops.cast(steps, g.dtype)
+            divisor = steps if self.average_accumulated_gradients else 1
+            means = [None if g is None else (g + ops.cast(a, g.dtype)) / ops.cast(divisor, g.dtype)
                      for g, a in zip(grads, accumulators)]
-            self.inner_optimizer.apply(self._reduce(means), trainable_variables)
+            self.inner_optimizer.apply(self._reduce(means, trainable_variables),
+                                       trainable_variables)
             for a in self._accumulators:
                 if a is not None:
                     a.assign(ops.zeros_like(a))
@@ -372,6 +428,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "gradient_accumulation_steps": self.accumulation_steps,
             "overlap_gradients": self.overlap_gradients,
             "bucket_mb": self.bucket_mb,
+            "average_accumulated_gradients": self.average_accumulated_gradients,
+            "scale_local_gradients": self.scale_local_gradients,
         }
 
     @classmethod
@@ -414,10 +472,13 @@ class DistributedGradientTape:
             named like any unnamed collective: by their graph nodes inside
             `tf.function`, by call order in eager mode.
         overlap_gradients, bucket_mb: as for `DistributedOptimizer`.
+        scale_local_gradients: Divide the gradients of rank-local sources
+            (`register_local_source`, `PartialDistributedGradientTape`) by
+            `size()`, as Horovod does (True, default), or not (False).
     """
 
     def __init__(self, tape, op=Average, compression=Compression.none, name=None,
-                 overlap_gradients=True, bucket_mb=None):
+                 overlap_gradients=True, bucket_mb=None, scale_local_gradients=True):
         if not isinstance(tape, tf.GradientTape):
             raise TypeError(f"keras_ddl: DistributedGradientTape wraps a tf.GradientTape, "
                             f"got {type(tape).__name__}")
@@ -427,6 +488,13 @@ class DistributedGradientTape:
         self._name = name
         self._overlap, self._bucket_bytes = check_overlap_args(
             overlap_gradients, bucket_mb, "DistributedGradientTape")
+        self._scale_local_gradients = bool(scale_local_gradients)
+        self._local_source_ids = set()
+
+    def register_local_source(self, source):
+        """Makes `source` rank-local: its gradient is not reduced across
+        ranks. Register the same sources on every rank."""
+        self._local_source_ids.add(id(source))
 
     def __enter__(self):
         self._tape.__enter__()
@@ -446,7 +514,85 @@ class DistributedGradientTape:
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
                                     unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        reduced = reduce_gradients(flat, op=self._op, compression=self._compression,
-                                   name=self._name, overlap_gradients=self._overlap,
-                                   bucket_bytes=self._bucket_bytes)
+        kwargs = dict(op=self._op, compression=self._compression, name=self._name,
+                      overlap_gradients=self._overlap, bucket_bytes=self._bucket_bytes)
+        if self._local_source_ids:
+            is_local = [id(s) in self._local_source_ids
+                        for s in tf.nest.flatten(sources, expand_composites=False)]
+            reduced = reduce_gradients_except_local(flat, is_local, self._scale_local_gradients,
+                                                    **kwargs)
+        else:
+            reduced = reduce_gradients(flat, **kwargs)
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
+
+
+def _local_layer_variables(local_layers, owner):
+    """The trainable variables of `local_layers` (a layer or a list)."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    variables = []
+    for i, layer in enumerate(local_layers):
+        if not isinstance(layer, keras.layers.Layer):
+            raise TypeError(f"keras_ddl: {owner}(local_layers=...) takes Keras layers; item {i} "
+                            f"is a {type(layer).__name__}")
+        if not layer.trainable_weights:
+            raise ValueError(
+                f"keras_ddl: {owner}: local layer {layer.name!r} has no trainable weights "
+                "yet; build the model (call it once, or model.build) before creating the "
+                "optimizer or tape")
+        variables.extend(layer.trainable_weights)
+    return variables
+
+
+def PartialDistributedOptimizer(optimizer, local_layers=None, scale_local_gradients=True,
+                                **kwargs):
+    """A `DistributedOptimizer` that does not reduce the gradients of
+    `local_layers`: each rank trains its own copy of those layers.
+
+    ```python
+    opt = ddl.PartialDistributedOptimizer(keras.optimizers.SGD(0.1),
+                                          local_layers=[model.get_layer("head")])
+    ```
+
+    The layers must be built. The same layers must be local on every rank.
+    Pass their variables to `BroadcastGlobalVariablesCallback(local_variables=...)`
+    if their initial values should stay rank-specific too. Which variables
+    are local is not part of the optimizer's config: after loading a saved
+    model, register them again with `optimizer.register_local_var(var)`.
+
+    Args:
+        optimizer: The Keras 3 optimizer to wrap.
+        local_layers: A Keras layer or a list of them (or None: nothing is
+            local, the plain `DistributedOptimizer`).
+        scale_local_gradients: Divide the local gradients by `size()` (True,
+            default, as Horovod) or not.
+        **kwargs: The other arguments of `DistributedOptimizer`.
+    """
+    variables = _local_layer_variables(local_layers, "PartialDistributedOptimizer")
+    distributed = DistributedOptimizer(optimizer, scale_local_gradients=scale_local_gradients,
+                                       **kwargs)
+    for variable in variables:
+        distributed.register_local_var(variable)
+    return distributed
+
+
+def PartialDistributedGradientTape(tape, local_layers=None, scale_local_gradients=True,
+                                   **kwargs):
+    """A `DistributedGradientTape` that does not reduce the gradients of
+    `local_layers`' trainable variables (see `PartialDistributedOptimizer`).
+
+    Args:
+        tape: The `tf.GradientTape` to wrap.
+        local_layers: A Keras layer or a list of them, built, or None.
+        scale_local_gradients: Divide the local gradients by `size()` (True,
+            default, as Horovod) or not.
+        **kwargs: The other arguments of `DistributedGradientTape`.
+    """
+    variables = _local_layer_variables(local_layers, "PartialDistributedGradientTape")
+    distributed = DistributedGradientTape(tape, scale_local_gradients=scale_local_gradients,
+                                          **kwargs)
+    for variable in variables:
+        distributed.register_local_source(variable)
+    return distributed

@@ -122,7 +122,8 @@ def test_autograph_calls_the_public_ops_as_they_are():
     # marks them (and the public do_not_convert is its fallback).
     from tensorflow.python.autograph.impl import api as autograph_api
     for fn in (ddl.allreduce, ddl.grouped_allreduce, ddl.allgather, ddl.broadcast,
-               ddl.reducescatter, ddl.barrier):
+               ddl.reducescatter, ddl.barrier, ddl.grouped_allgather,
+               ddl.grouped_reducescatter, ddl.broadcast_):
         assert autograph_api.is_autograph_artifact(fn), fn.__name__
 
     @tf.function

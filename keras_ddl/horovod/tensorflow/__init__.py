@@ -1,0 +1,338 @@
+"""`horovod.tensorflow`'s API over keras_ddl.
+
+    import keras_ddl.horovod.tensorflow as hvd     # was: import horovod.tensorflow as hvd
+
+Names, argument names, order and defaults follow Horovod 0.28. `device_*`
+and `ignore_name_scope` are accepted and ignored (keras_ddl runs its
+collectives on the CPU and does not scope names); `process_set` must be
+the global set, `session` None, and `op` not Adasum (NotImplementedError
+otherwise).
+"""
+
+import tensorflow as tf
+
+import keras_ddl as ddl
+from keras_ddl.basics import (cross_rank, cross_size, is_initialized, local_rank,  # noqa: F401
+                              local_size, rank, shutdown, size)
+from keras_ddl.ops import Average, Compression, Max, Min, Product, Sum  # noqa: F401
+from keras_ddl.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+
+from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F401
+                      ccl_built, check_compression, check_process_set, check_session,
+                      cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
+                      is_homogeneous, join, mpi_built, mpi_enabled, mpi_threads_supported,
+                      nccl_built, reduce_op, remove_process_set, rocm_built, start_timeline,
+                      stop_timeline)
+
+
+def allreduce(tensor, average=None, device_dense='', device_sparse='',
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Reduces a tensor (or tf.IndexedSlices) over all ranks.
+
+    Args:
+        tensor: The tensor, variable or tf.IndexedSlices to reduce.
+        average: Deprecated: True is op=Average, False op=Sum.
+        device_dense, device_sparse: Ignored.
+        compression: Compression.none, .fp16 (or keras_ddl's .bf16).
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: Multiply before / after the reduction.
+        name: Name of the collective (the same on every rank), or None.
+        process_set: Must be the global process set.
+        ignore_name_scope: Ignored.
+    """
+    check_process_set(process_set, "allreduce")
+    return ddl.allreduce(tensor, op=reduce_op(op, average, "allreduce"), name=name,
+                         compression=check_compression(compression, "allreduce"),
+                         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Reduces a list of tensors (tf.IndexedSlices are gathered) in one group.
+
+    Args: as `allreduce`, with `tensors` a list.
+    """
+    check_process_set(process_set, "grouped_allreduce")
+    return ddl.grouped_allreduce(tensors, op=reduce_op(op, average, "grouped_allreduce"),
+                                 name=name,
+                                 compression=check_compression(compression, "grouped_allreduce"),
+                                 prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor)
+
+
+def _compressed_reducescatter(tensor, compression, op, name, prescale_factor, postscale_factor):
+    tensor = tf.convert_to_tensor(tensor)
+    wire = compression.wire_dtype
+    cast = wire is not None and tensor.dtype.is_floating and tensor.dtype != wire
+    out = ddl.reducescatter(tf.cast(tensor, wire) if cast else tensor, op=op, name=name,
+                            prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    return tf.cast(out, tensor.dtype) if cast else out
+
+
+def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces over ranks and returns this rank's rows of axis 0.
+
+    Args:
+        tensor: The tensor to reduce and split.
+        device_dense, ignore_name_scope: Ignored.
+        compression: Compression.none or .fp16 (cast before and after).
+        op: Average (default, as Horovod; keras_ddl's own default is Sum),
+            Sum, Min, Max or Product.
+        name: Name of the collective, or None.
+        process_set: Must be the global process set.
+        prescale_factor, postscale_factor: Multiply before / after.
+    """
+    check_process_set(process_set, "reducescatter")
+    return _compressed_reducescatter(tensor, check_compression(compression, "reducescatter"),
+                                     reduce_op(op, None, "reducescatter"), name,
+                                     prescale_factor, postscale_factor)
+
+
+def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """`reducescatter` of each tensor of a list, as one named group.
+
+    Args: as `reducescatter`, with `tensors` a list.
+    """
+    check_process_set(process_set, "grouped_reducescatter")
+    compression = check_compression(compression, "grouped_reducescatter")
+    op = reduce_op(op, None, "grouped_reducescatter")
+    if compression is Compression.none:
+        return ddl.grouped_reducescatter(tensors, op=op, prescale_factor=prescale_factor,
+                                         postscale_factor=postscale_factor)
+    base = ddl.ops.auto_name(None, "grouped_reducescatter")
+    return [_compressed_reducescatter(t, compression, op, f"{base}.{i}", prescale_factor,
+                                      postscale_factor) for i, t in enumerate(tensors)]
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenates every rank's tensor along axis 0.
+
+    Args:
+        tensor: The tensor (first dimension may differ between ranks).
+        name: Name of the collective, or None.
+        ignore_name_scope: Ignored.
+        process_set: Must be the global process set.
+    """
+    check_process_set(process_set, "allgather")
+    return ddl.allgather(tensor, name=name)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """`allgather` of each tensor of a list. Args: as `allgather`."""
+    check_process_set(process_set, "grouped_allgather")
+    return ddl.grouped_allgather(tensors, name=name)
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """Returns `root_rank`'s tensor on every rank.
+
+    Args:
+        tensor: The tensor (same shape on every rank).
+        root_rank: The sending rank.
+        name: Name of the collective, or None.
+        ignore_name_scope: Ignored.
+        process_set: Must be the global process set.
+    """
+    check_process_set(process_set, "broadcast")
+    return ddl.broadcast(tensor, root_rank=root_rank, name=name)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Assigns `root_rank`'s values to `variables` in place; returns the new values.
+
+    Args:
+        variables: A list of variables.
+        root_rank: The sending rank.
+        name: Prefix of the collectives' names, or None.
+        process_set: Must be the global process set.
+    """
+    check_process_set(process_set, "broadcast_")
+    return ddl.broadcast_(variables, root_rank, name=name)
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Assigns `root_rank`'s values to `variables` (always in place here).
+
+    Args:
+        variables: A list of variables.
+        root_rank: The sending rank.
+        process_set: Must be the global process set.
+        inplace: Ignored (keras_ddl always assigns in place).
+    """
+    check_process_set(process_set, "broadcast_variables")
+    ddl.broadcast_variables(variables, root_rank=root_rank)
+
+
+def broadcast_global_variables(root_rank):
+    """Raises RuntimeError: TensorFlow 2 / Keras 3 have no global variables
+    (Horovod raises under eager execution too); see the message."""
+    return ddl.broadcast_global_variables(root_rank)
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None,
+                     process_set=global_process_set):
+    """Returns `root_rank`'s picklable `obj` on every rank.
+
+    Args:
+        obj: The object (only the root's is used).
+        root_rank: The sending rank.
+        session: Must be None (no TF1 sessions).
+        name: Prefix of the collectives' names, or None.
+        process_set: Must be the global process set.
+    """
+    check_session(session, "broadcast_object")
+    check_process_set(process_set, "broadcast_object")
+    return ddl.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function `fn(obj)` that calls `broadcast_object` with these arguments."""
+    check_session(session, "broadcast_object_fn")
+    check_process_set(process_set, "broadcast_object_fn")
+    return lambda obj: ddl.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Returns the list of every rank's picklable `obj`, in rank order.
+
+    Args:
+        obj: The object.
+        session: Must be None.
+        name: Prefix of the collectives' names, or None.
+        process_set: Must be the global process set.
+    """
+    check_session(session, "allgather_object")
+    check_process_set(process_set, "allgather_object")
+    return ddl.allgather_object(obj, name=name)
+
+
+def rank_op(name=None):
+    """rank() as an int32 tensor."""
+    return ddl.rank_op(name)
+
+
+def local_rank_op(name=None):
+    """local_rank() as an int32 tensor."""
+    return ddl.local_rank_op(name)
+
+
+def size_op(process_set_id=0, name=None):
+    """size() as an int32 tensor (process_set_id must be 0, the global set)."""
+    _check_process_set_id(process_set_id, "size_op")
+    return ddl.size_op(name)
+
+
+def local_size_op(name=None):
+    """local_size() as an int32 tensor."""
+    return ddl.local_size_op(name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 as an int32 tensor: every rank is in the global set (id 0)."""
+    _check_process_set_id(process_set_id, "process_set_included_op")
+    return tf.constant(1, tf.int32, name=name)
+
+
+def _check_process_set_id(process_set_id, function):
+    if process_set_id != 0:
+        raise NotImplementedError(f"keras_ddl.horovod: {function}(process_set_id="
+                                  f"{process_set_id!r}): only the global set (0) exists")
+
+
+def check_gradient_args(function, op, gradient_predivide_factor, num_groups, groups,
+                        process_set, compression):
+    """Validates Horovod's gradient-reduction arguments; returns (op, compression)."""
+    check_process_set(process_set, function)
+    op = reduce_op(op, None, function)
+    if op not in (Average, Sum):
+        raise ValueError(f"keras_ddl.horovod: {function}(op={op.name}): gradients are reduced "
+                         "with Average or Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError(f"keras_ddl.horovod: {function}(gradient_predivide_factor="
+                         f"{gradient_predivide_factor!r}) needs op=Average")
+    if num_groups or groups is not None:
+        raise NotImplementedError(
+            f"keras_ddl.horovod: {function}(num_groups={num_groups!r}, groups=...): explicit "
+            "gradient groups are not supported; keras_ddl fuses the gradients ready in each "
+            "cycle by itself (see DistributedOptimizer's bucket_mb)")
+    return op, check_compression(compression, function)
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=global_process_set, scale_local_gradients=True):
+    """Wraps a tf.GradientTape so `gradient()` reduces over ranks.
+
+    Args:
+        gradtape: The tf.GradientTape.
+        device_dense, device_sparse: Ignored.
+        compression: Compression.none or .fp16.
+        sparse_as_dense: Accepted; sparse gradients are always made dense.
+        op: Average (default) or Sum.
+        gradient_predivide_factor: Accepted with op=Average; the average is
+            the same (keras_ddl divides the sum once).
+        num_groups, groups: Must be 0 / None.
+        process_set: Must be the global process set.
+        scale_local_gradients: Divide the gradients of sources registered
+            with `register_local_source` by size().
+    """
+    op, compression = check_gradient_args("DistributedGradientTape", op,
+                                          gradient_predivide_factor, num_groups, groups,
+                                          process_set, compression)
+    return ddl.DistributedGradientTape(gradtape, op=op, compression=compression,
+                                       scale_local_gradients=scale_local_gradients)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """`DistributedGradientTape` that leaves `local_layers`' gradients unreduced.
+
+    Args: as `DistributedGradientTape`, plus `local_layers`: a Keras layer
+    or a list of them (built).
+    """
+    op, compression = check_gradient_args("PartialDistributedGradientTape", op,
+                                          gradient_predivide_factor, num_groups, groups,
+                                          process_set, compression)
+    return ddl.PartialDistributedGradientTape(gradtape, local_layers=local_layers,
+                                              scale_local_gradients=scale_local_gradients,
+                                              op=op, compression=compression)
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='',
+                         device_sparse='', compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Wraps a Keras optimizer so gradients are reduced over ranks (see
+    `keras_ddl.horovod.tensorflow.keras.DistributedOptimizer`; TF1
+    `tf.compat.v1.train.Optimizer`s are not supported). `use_locking` is
+    ignored."""
+    from .keras import DistributedOptimizer as keras_distributed_optimizer
+    return keras_distributed_optimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def __getattr__(name):
+    if name == "elastic":
+        raise NotImplementedError("keras_ddl.horovod: elastic training is not supported (a dead "
+                                  "rank ends the job; resume with "
+                                  "keras_ddl.callbacks.BackupAndRestore)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,75 @@
+"""Collectives on picklable Python objects: ``broadcast_object`` and
+``allgather_object``.
+
+An object is pickled into bytes, carried as a uint8 tensor (its length
+first, so the receivers know how much arrives), and unpickled. Call them
+eagerly, on every rank, in the same order (or with the same ``name``).
+Unpickling runs code chosen by the sender: use them between the ranks of
+one job only.
+"""
+
+import pickle
+
+import numpy as np
+import tensorflow as tf
+
+from . import basics
+from .ops import _check_root, allgather, auto_name, broadcast
+
+
+def _check_eager(what):
+    if not tf.executing_eagerly():
+        raise RuntimeError(f"keras_ddl: {what} works on Python objects and must be called "
+                           f"eagerly, not inside tf.function (rank {basics.rank()})")
+
+
+def _to_bytes(obj, what):
+    try:
+        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    except Exception as e:
+        raise TypeError(f"keras_ddl: {what} cannot pickle the object of type "
+                        f"{type(obj).__name__} on rank {basics.rank()}: {e}") from None
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns ``root_rank``'s ``obj`` on every rank.
+
+    Args:
+        obj: Any picklable object; only the root's is used (others may pass
+            None).
+        root_rank: The rank whose object every rank gets. Defaults to 0.
+        name: Prefix of the two collectives' names, or None.
+
+    Returns:
+        An unpickled copy of the root's object (the root gets its own
+        ``obj`` back, not a copy).
+    """
+    _check_eager("broadcast_object")
+    _check_root(root_rank)
+    base = auto_name(name, "broadcast_object")
+    is_root = basics.rank() == root_rank
+    payload = _to_bytes(obj, "broadcast_object") if is_root else np.zeros([0], np.uint8)
+    length = broadcast(tf.constant([payload.size], tf.int64), root_rank, name=base + ".length")
+    if not is_root:
+        payload = np.zeros([int(length.numpy()[0])], np.uint8)
+    data = broadcast(tf.constant(payload), root_rank, name=base + ".bytes")
+    return obj if is_root else pickle.loads(data.numpy().tobytes())
+
+
+def allgather_object(obj, name=None):
+    """Returns the list of every rank's ``obj``, in rank order.
+
+    Args:
+        obj: Any picklable object.
+        name: Prefix of the two collectives' names, or None.
+
+    Returns:
+        A list of ``size()`` objects (unpickled copies, this rank's too).
+    """
+    _check_eager("allgather_object")
+    base = auto_name(name, "allgather_object")
+    payload = _to_bytes(obj, "allgather_object")
+    lengths = allgather(tf.constant([payload.size], tf.int64), name=base + ".lengths").numpy()
+    data = allgather(tf.constant(payload), name=base + ".bytes").numpy()
+    ends = np.cumsum(lengths)
+    return [pickle.loads(data[end - n:end].tobytes()) for n, end in zip(lengths, ends)]

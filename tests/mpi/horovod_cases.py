@@ -1,0 +1,398 @@
+"""Multi-process checks of the Horovod-parity ops and of the Horovod front
+door, against numpy (run by tests/test_horovod_mpi.py under mpiexec with 2
+and 3 ranks)."""
+
+import hashlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+from harness import case, run_cases
+from mpi4py import MPI
+
+import keras_ddl as ddl
+import keras_ddl.horovod.tensorflow as hvd_tf
+import keras_ddl.horovod.tensorflow.keras as hvd
+
+rank = ddl.rank()
+size = ddl.size()
+
+
+def rank_values(r, shape, seed=0, dtype=np.float32):
+    """Rank r's small-integer input (sums and binary scalings stay exact)."""
+    return np.random.default_rng(100 * seed + r).integers(-4, 5, size=shape).astype(dtype)
+
+
+def digests_agree(arrays):
+    digest = hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
+    return len(set(MPI.COMM_WORLD.allgather(digest))) == 1
+
+
+def assert_equal(got, expected, what):
+    got, expected = np.asarray(got), np.asarray(expected)
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype} != {expected.dtype}"
+    assert np.array_equal(got, expected), f"{what}: got {got.ravel()[:6]}, " \
+                                          f"expected {expected.ravel()[:6]}"
+
+
+@case
+def allreduce_pre_and_postscale_eager_function_and_gradient():
+    x = rank_values(rank, [5])
+    inputs = [rank_values(r, [5]) for r in range(size)]
+    total = np.sum(inputs, axis=0)
+    assert_equal(ddl.allreduce(x, op=ddl.Sum, prescale_factor=2.0, postscale_factor=0.25),
+                 total * 0.5, "Sum pre 2 post 0.25")
+    assert_equal(hvd_tf.allreduce(x, prescale_factor=4.0, postscale_factor=0.5),
+                 (total * 2.0 / size).astype(np.float32), "front door Average pre 4 post 0.5")
+    ints = ddl.allreduce(x.astype(np.int32), op=ddl.Sum, prescale_factor=3.0)
+    assert_equal(ints, (total * 3).astype(np.int32), "int32 Sum pre 3")
+
+    @tf.function
+    def grouped(a, b):
+        return ddl.grouped_allreduce([a, b], op=ddl.Sum, prescale_factor=0.5,
+                                     postscale_factor=8.0)
+
+    single = tf.function(lambda t: ddl.allreduce(t, op=ddl.Average, prescale_factor=2.0,
+                                                 postscale_factor=0.5))
+    assert_equal(single(tf.constant(x)), (total / size).astype(np.float32), "allreduce in tf.function")
+    a, b = grouped(tf.constant(x), tf.constant(2 * x))
+    assert_equal(a, total * 4.0, "grouped in tf.function [0]")
+    assert_equal(b, total * 8.0, "grouped in tf.function [1]")
+
+    # d(sum over ranks of sum(w_r * y))/dx = pre * post * sum_r w_r
+    weights = [rank_values(r, [5], seed=1) for r in range(size)]
+    variable = tf.Variable(x)
+    with tf.GradientTape() as tape:
+        y = ddl.allreduce(variable, op=ddl.Sum, prescale_factor=2.0, postscale_factor=0.5)
+        loss = tf.reduce_sum(y * weights[rank])
+    grad = tape.gradient(loss, variable)
+    assert_equal(grad, np.sum(weights, axis=0) * 1.0, "allreduce gradient with factors")
+    with tf.GradientTape() as tape:
+        y = ddl.grouped_allreduce([variable], op=ddl.Sum, prescale_factor=4.0)[0]
+        loss = tf.reduce_sum(y * weights[rank])
+    assert_equal(tape.gradient(loss, variable), np.sum(weights, axis=0) * 4.0,
+                 "grouped_allreduce gradient with prescale")
+
+
+def rows(r):
+    return r % 2 + 1  # first dimensions differ between ranks
+
+
+@case
+def grouped_allgather_eager_function_and_gradient():
+    mine = [rank_values(rank, [rows(rank), 3]), rank_values(rank, [2], seed=2).astype(np.int32)]
+    expected = [np.concatenate([rank_values(r, [rows(r), 3]) for r in range(size)]),
+                np.concatenate([rank_values(r, [2], seed=2).astype(np.int32)
+                                for r in range(size)])]
+    for got, want, what in zip(ddl.grouped_allgather(mine), expected, ("float", "int")):
+        assert_equal(got, want, f"eager grouped_allgather {what}")
+    traced = tf.function(lambda a, b: hvd_tf.grouped_allgather([a, b]))
+    for got, want, what in zip(traced(*mine), expected, ("float", "int")):
+        assert_equal(got, want, f"tf.function grouped_allgather {what}")
+
+    # d(sum over ranks of sum(W_r * gathered))/d(my rows) = my rows of sum_r W_r.
+    total_rows = sum(rows(r) for r in range(size))
+    weights = [rank_values(r, [total_rows, 3], seed=3) for r in range(size)]
+    start = sum(rows(r) for r in range(rank))
+    variable = tf.Variable(mine[0])
+    with tf.GradientTape() as tape:
+        gathered = ddl.grouped_allgather([variable])[0]
+        loss = tf.reduce_sum(gathered * weights[rank])
+    assert_equal(tape.gradient(loss, variable),
+                 np.sum(weights, axis=0)[start:start + rows(rank)], "grouped_allgather gradient")
+
+
+def block(r, total):
+    """Rank r's rows of a reducescatter of `total` rows."""
+    base, extra = divmod(total, size)
+    start = r * base + min(r, extra)
+    return slice(start, start + base + (1 if r < extra else 0))
+
+
+@case
+def grouped_reducescatter_eager_function_and_gradient():
+    shapes = [[7, 2], [size * 2]]
+    mine = [rank_values(rank, s, seed=i) for i, s in enumerate(shapes)]
+    totals = [np.sum([rank_values(r, s, seed=i) for r in range(size)], axis=0)
+              for i, s in enumerate(shapes)]
+    got = ddl.grouped_reducescatter(mine, op=ddl.Sum, postscale_factor=2.0)
+    for g, t, s in zip(got, totals, shapes):
+        assert_equal(g, 2.0 * t[block(rank, s[0])], f"eager grouped_reducescatter {s}")
+    # The front door's default op is Average, as Horovod's.
+    traced = tf.function(lambda a, b: hvd_tf.grouped_reducescatter([a, b]))
+    for g, t, s in zip(traced(*mine), totals, shapes):
+        assert_equal(g, (t / size).astype(np.float32)[block(rank, s[0])],
+                     f"tf.function front-door grouped_reducescatter {s}")
+    assert_equal(hvd.reducescatter(mine[0]), (totals[0] / size).astype(np.float32)[block(rank, 7)],
+                 "keras front door reducescatter (Average)")
+
+    # d(sum over ranks of sum(w_r * my block))/dx = the concatenation of every w_r.
+    weights = [rank_values(r, [len(range(7)[block(r, 7)]), 2], seed=5) for r in range(size)]
+    variable = tf.Variable(mine[0])
+    with tf.GradientTape() as tape:
+        part = ddl.grouped_reducescatter([variable], op=ddl.Sum, prescale_factor=2.0)[0]
+        loss = tf.reduce_sum(part * weights[rank])
+    assert_equal(tape.gradient(loss, variable), 2.0 * np.concatenate(weights),
+                 "grouped_reducescatter gradient")
+
+
+@case
+def rank_and_size_ops_in_tf_function():
+    @tf.function
+    def read():
+        return (ddl.rank_op(), ddl.size_op(), ddl.local_rank_op(), ddl.local_size_op(),
+                hvd_tf.size_op(), hvd_tf.rank_op())
+
+    values = [int(v) for v in read()]
+    assert values == [rank, size, ddl.local_rank(), ddl.local_size(), size, rank], values
+    assert all(v.dtype == tf.int32 for v in read())
+
+
+@case
+def broadcast_object_and_allgather_object():
+    arrays = {"w": np.arange(6.0).reshape(2, 3) + rank, "step": np.int64(7 + rank)}
+    got = ddl.broadcast_object(arrays if rank == 0 else None, root_rank=0)
+    assert set(got) == {"w", "step"} and np.array_equal(got["w"], np.arange(6.0).reshape(2, 3))
+    assert got["step"] == 7
+    last = size - 1
+    assert hvd.broadcast_object(f"from {rank}", root_rank=last) == f"from {last}"
+    assert ddl.broadcast_object(None, root_rank=0) is None
+    fn = hvd_tf.broadcast_object_fn(root_rank=0)
+    assert fn([rank, "x"]) == [0, "x"]
+    gathered = ddl.allgather_object({"rank": rank, "a": np.full(rank + 1, rank)})
+    assert [g["rank"] for g in gathered] == list(range(size))
+    assert all(np.array_equal(g["a"], np.full(r + 1, r)) for r, g in enumerate(gathered))
+    assert hvd.allgather_object("s" * rank) == ["s" * r for r in range(size)]
+    assert ddl.allgather_object(None) == [None] * size
+
+
+@case
+def broadcast_in_place_eager_and_in_function():
+    variables = [tf.Variable(np.full([3], rank, np.float32)), tf.Variable(np.int32(rank + 10))]
+    values = ddl.broadcast_(variables, root_rank=size - 1)
+    assert_equal(variables[0].numpy(), np.full([3], size - 1, np.float32), "eager broadcast_ f32")
+    assert int(variables[1].numpy()) == size + 9 and int(values[1]) == size + 9
+    keras_variable = keras.Variable(np.full([2], rank, np.float32))
+    tf.function(lambda: hvd_tf.broadcast_([keras_variable], 0, name="bcast_fn"))()
+    assert_equal(keras_variable.numpy(), np.zeros([2], np.float32), "broadcast_ in tf.function")
+    try:
+        hvd.broadcast_global_variables(0)
+    except RuntimeError as e:
+        assert "broadcast_variables" in str(e), e
+    else:
+        raise AssertionError("broadcast_global_variables did not raise")
+
+
+@case
+def grouped_allreduce_indexed_slices():
+    values = rank_values(rank, [2, 3])
+    indices = np.array([rank, rank + 1], np.int32)
+    dense_shape = [size + 1, 3]
+    slices = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant(dense_shape))
+    dense_in = rank_values(rank, [4], seed=9)
+    out = ddl.grouped_allreduce([dense_in, slices], op=ddl.Average)
+    assert isinstance(out[1], tf.IndexedSlices), type(out[1])
+    all_values = np.concatenate([rank_values(r, [2, 3]) for r in range(size)])
+    assert_equal(out[1].values, (all_values / size).astype(np.float32), "gathered values")
+    assert_equal(out[1].indices, np.concatenate([[r, r + 1] for r in range(size)]).astype(np.int32),
+                 "gathered indices")
+    assert_equal(out[0], (np.sum([rank_values(r, [4], seed=9) for r in range(size)], axis=0)
+                          / size).astype(np.float32), "dense member")
+    reference = np.zeros(dense_shape, np.float32)
+    for r in range(size):
+        np.add.at(reference, [r, r + 1], rank_values(r, [2, 3]))
+    scaled = hvd_tf.allreduce(slices, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    assert isinstance(scaled, tf.IndexedSlices), type(scaled)
+    assert_equal(scaled.values, all_values * 0.5, "slices with pre and post factors")
+    traced = tf.function(lambda v, i: ddl.grouped_allreduce(
+        [tf.IndexedSlices(v, i, tf.constant(dense_shape))], op=ddl.Average)[0])
+    in_function = traced(tf.constant(values), tf.constant(indices))
+    assert_equal(in_function.values, (all_values / size).astype(np.float32),
+                 "gathered values in tf.function")
+    dense = hvd_tf.grouped_allreduce([slices], op=hvd.Sum)[0]
+    assert_equal(tf.convert_to_tensor(dense), reference, "slices summed, densified after")
+    as_dense = ddl.grouped_allreduce([slices], op=ddl.Sum, sparse_as_dense=True)[0]
+    assert_equal(as_dense, reference, "sparse_as_dense")
+    try:
+        ddl.grouped_allreduce([tf.IndexedSlices(tf.constant(values), tf.constant(indices))],
+                              sparse_as_dense=True)
+    except ValueError as e:
+        assert "tensors[0]" in str(e) and "dense_shape" in str(e) and f"rank {rank}" in str(e), e
+    else:
+        raise AssertionError("an IndexedSlices without dense_shape was densified")
+
+
+def global_batch(channels_shape, seed):
+    """Every rank's batch (rank r has r + 2 rows) and the concatenation."""
+    batches = [np.random.default_rng(seed + r).normal(1.0 + r, 2.0, size=[r + 2, *channels_shape])
+               .astype(np.float32) for r in range(size)]
+    return batches, np.concatenate(batches)
+
+
+def check_sync_batch_norm(channels_shape, traced):
+    batches, everything = global_batch(channels_shape, seed=20)
+    out_weights = [np.random.default_rng(50 + r).normal(size=b.shape).astype(np.float32)
+                   for r, b in enumerate(batches)]
+    sync = hvd.SyncBatchNormalization(momentum=0.5, epsilon=1e-3)
+    plain = keras.layers.BatchNormalization(momentum=0.5, epsilon=1e-3)
+    for layer in (sync, plain):
+        layer.build(everything.shape)
+        layer.gamma.assign(np.linspace(0.5, 1.5, channels_shape[-1]))
+        layer.beta.assign(np.linspace(-1, 1, channels_shape[-1]))
+
+    def forward(layer, x, weights):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * weights)
+        return (y, *tape.gradient(loss, [x, layer.gamma, layer.beta]))
+
+    sync_step = tf.function(forward) if traced else forward
+    y, dx, dgamma, dbeta = sync_step(sync, tf.constant(batches[rank]),
+                                     tf.constant(out_weights[rank]))
+    ry, rdx, rdgamma, rdbeta = forward(plain, tf.constant(everything),
+                                       tf.constant(np.concatenate(out_weights)))
+    mine = slice(sum(r + 2 for r in range(rank)), sum(r + 2 for r in range(rank + 1)))
+    tolerance = dict(rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y.numpy(), ry.numpy()[mine], **tolerance, err_msg="output")
+    np.testing.assert_allclose(dx.numpy(), rdx.numpy()[mine], **tolerance, err_msg="d/dx")
+    # gamma and beta get this rank's share; their sum over ranks is the reference.
+    np.testing.assert_allclose(ddl.allreduce(dgamma, op=ddl.Sum), rdgamma, **tolerance,
+                               err_msg="d/dgamma")
+    np.testing.assert_allclose(ddl.allreduce(dbeta, op=ddl.Sum), rdbeta, **tolerance,
+                               err_msg="d/dbeta")
+    for name in ("moving_mean", "moving_variance"):
+        np.testing.assert_allclose(getattr(sync, name).numpy(), getattr(plain, name).numpy(),
+                                   rtol=1e-5, atol=1e-5, err_msg=name)
+    inference = sync(tf.constant(batches[rank]), training=False)
+    np.testing.assert_allclose(inference, plain(tf.constant(batches[rank]), training=False),
+                               rtol=1e-5, atol=1e-5, err_msg="inference")
+
+
+@case
+def sync_batch_norm_equals_batch_norm_on_the_global_batch():
+    check_sync_batch_norm([4], traced=False)
+
+
+@case
+def sync_batch_norm_images_in_tf_function():
+    check_sync_batch_norm([3, 3, 2], traced=True)
+
+
+def two_layer_model(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input([4])
+    hidden = keras.layers.Dense(3, name="shared")(inputs)
+    outputs = keras.layers.Dense(2, name="local_head")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+@case
+def partial_distributed_optimizer_keeps_local_layers_per_rank():
+    model = two_layer_model(seed=0)  # the same start everywhere
+    head = model.get_layer("local_head")
+    optimizer = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.05), local_layers=[head])
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    x = np.random.default_rng(rank).normal(size=[16, 4]).astype(np.float32)
+    y = np.random.default_rng(10 + rank).normal(size=[16, 2]).astype(np.float32)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert digests_agree(model.get_layer("shared").get_weights()), \
+        "the shared layer differs between ranks"
+    assert not digests_agree(head.get_weights()), "the local head is the same on every rank"
+
+
+@case
+def broadcast_callback_skips_local_variables():
+    model = two_layer_model(seed=rank)  # every rank starts different
+    head = model.get_layer("local_head")
+    before = [w.copy() for w in head.get_weights()]
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(
+        0, local_variables=head.trainable_weights)
+    callback.set_model(model)
+    callback.on_train_begin()
+    assert digests_agree(model.get_layer("shared").get_weights()), "shared not broadcast"
+    for w, b in zip(head.get_weights(), before):
+        assert_equal(w, b, "a local variable was overwritten")
+
+
+@case
+def partial_tape_scales_and_skips_local_gradients():
+    model = two_layer_model(seed=rank)
+    ddl.broadcast_variables(model.get_layer("shared").trainable_weights, root_rank=0)
+    head = model.get_layer("local_head")
+    x = tf.constant(rank_values(rank, [3, 4]))
+
+    def gradients(wrap):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(x)))
+        return wrap(tape).gradient(loss, model.trainable_variables)
+
+    plain = gradients(lambda tape: tape)
+    partial = gradients(lambda tape: hvd_tf.PartialDistributedGradientTape(
+        tape, local_layers=head))
+    for variable, p, g in zip(model.trainable_variables, plain, partial):
+        if any(variable is w for w in head.trainable_weights):
+            np.testing.assert_allclose(g, p / size, rtol=1e-6, err_msg=variable.path)
+        else:
+            np.testing.assert_allclose(g, ddl.allreduce(p), rtol=1e-6, err_msg=variable.path)
+    traced = tf.function(lambda: gradients(lambda tape: ddl.PartialDistributedGradientTape(
+        tape, local_layers=[head])))()
+    for p, t in zip(partial, traced):
+        np.testing.assert_allclose(t, p, rtol=1e-6, err_msg="partial tape in tf.function")
+    unscaled = gradients(lambda tape: ddl.PartialDistributedGradientTape(
+        tape, local_layers=head, scale_local_gradients=False))
+    np.testing.assert_allclose(unscaled[-1], plain[-1], rtol=1e-6, err_msg="unscaled local")
+
+
+@case
+def backward_passes_per_step_sums_or_averages():
+    for average in (False, True):
+        variable = keras.Variable(np.zeros([2], np.float32))
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2,
+                                             average_aggregated_gradients=average)
+        grads = [rank_values(rank, [2], seed=s) for s in (30, 31)]
+        optimizer.apply([tf.constant(grads[0])], [variable])
+        assert_equal(variable.numpy(), np.zeros([2], np.float32), "no update after pass 1")
+        optimizer.apply([tf.constant(grads[1])], [variable])
+        summed = np.mean([rank_values(r, [2], seed=30) + rank_values(r, [2], seed=31)
+                          for r in range(size)], axis=0)
+        expected = -(summed / 2 if average else summed)
+        np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6,
+                                   err_msg=f"average_aggregated_gradients={average}")
+
+
+@case
+def front_door_arguments_map_or_refuse():
+    x = tf.constant(rank_values(rank, [3]))
+    total = np.sum([rank_values(r, [3]) for r in range(size)], axis=0)
+    assert_equal(hvd.allreduce(x, average=False), total, "average=False is Sum")
+    assert_equal(hvd_tf.allreduce(x, device_dense="/gpu:0", ignore_name_scope=True, op=hvd.Sum),
+                 total, "ignored arguments")
+    hvd.init(comm=MPI.COMM_WORLD)
+    assert hvd.is_initialized() and hvd.is_homogeneous() and hvd.mpi_threads_supported()
+    refusals = [
+        ("process_set", lambda: hvd_tf.allreduce(x, process_set=hvd.ProcessSet([0]))),
+        ("Adasum", lambda: hvd_tf.allreduce(x, op=hvd.Adasum)),
+        ("groups", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), groups=2)),
+        ("comm", lambda: hvd.init(comm=[0])),
+        ("process_sets", lambda: hvd.init(process_sets=[hvd.ProcessSet([0])])),
+        ("start_timeline", lambda: hvd.start_timeline("/tmp/t.json")),
+    ]
+    if not hasattr(ddl, "alltoall"):
+        refusals.append(("alltoall", lambda: hvd.alltoall(x)))
+    for word, call in refusals:
+        try:
+            call()
+        except NotImplementedError as e:
+            assert word in str(e), (word, str(e))
+        else:
+            raise AssertionError(f"{word}: no NotImplementedError")
+    # The global set by its ranks is the global set.
+    assert_equal(hvd_tf.allreduce(x, op=hvd.Sum, process_set=hvd.ProcessSet(range(size))), total,
+                 "ProcessSet(all ranks)")
+
+
+if __name__ == "__main__":
+    run_cases()
