@@ -70,7 +70,7 @@ __version__ = "0.1.0"
 # schedules, DistributedOptimizer) must be registered as soon as keras_ddl is
 # imported, or keras.saving.load_model cannot find them in a new process.
 from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum,  # noqa: E402
-                  allgather, allreduce, barrier, broadcast, broadcast_variables,
+                  allgather, allreduce, alltoall, barrier, broadcast, broadcast_variables,
                   grouped_allreduce, reducescatter)
 from .optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: E402
 from . import callbacks, optimizers, schedules  # noqa: E402

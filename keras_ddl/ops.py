@@ -273,6 +273,45 @@ def reducescatter(tensor, op=Sum, name=None):
                                           reduce_op=int(op))
 
 
+def alltoall(tensor, splits=None, name=None):
+    """Sends rows of axis 0 to every rank and gathers the rows every rank
+    sends to this one, as Horovod's ``alltoall``.
+
+    ``splits``: how many rows go to each rank, in rank order (a 1-D int32 or
+    int64 tensor or list of ``size()`` entries summing to
+    ``tensor.shape[0]``; zeros allowed). Without it the rows are split
+    evenly, which needs ``tensor.shape[0]`` divisible by ``size()``. The
+    other dimensions must match on every rank. Returns ``(output,
+    received_splits)``: the received rows concatenated in rank order, and
+    an int32 vector of how many came from each rank.
+    """
+    tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
+    _check_tensor(tensor, "tensor")
+    splits = _splits_input(splits)
+    out, received = op_library().ddl_alltoall(tensor, splits,
+                                              _name_input(name, "alltoall", dtype))
+    return _from_wire(out, dtype), received
+
+
+def _splits_input(splits):
+    # Its length and sum are checked in negotiation, where every rank gets
+    # the error; only what cannot be a row count at all is refused here.
+    if splits is None:
+        return tf.zeros([0], tf.int64)
+    if isinstance(splits, tf.Tensor) or hasattr(splits, "dtype"):
+        value = tf.convert_to_tensor(splits)
+    else:
+        try:
+            value = tf.convert_to_tensor(splits, dtype_hint=tf.int64)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"keras_ddl: splits must be a 1-D integer tensor or list, got "
+                            f"{splits!r}: {e} (rank {basics.rank()})") from None
+    if value.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"keras_ddl: splits must have dtype int32 or int64, got "
+                        f"{value.dtype.name} (rank {basics.rank()})")
+    return tf.cast(value, tf.int64)
+
+
 def barrier(name=None):
     """Returns once every rank has called ``barrier``."""
     op_library().ddl_barrier(_name_input(name, "barrier"))
@@ -361,6 +400,16 @@ def _broadcast_grad(op, grad):
     # optimiser can prune the collective here while the root waits for it;
     # a control dependency alone does not survive constant folding.
     return [tf.math.multiply_no_nan(summed, tf.zeros_like(summed)), None]
+
+
+@tf.RegisterGradient("DdlAlltoall")
+def _alltoall_grad(op, grad, _received_splits_grad):
+    # Row i of my output came from some rank's input; sending the output's
+    # gradient back along the same routes (received_splits as the splits)
+    # returns every row's gradient to the rank and place it came from.
+    back, _ = op_library().ddl_alltoall(grad, tf.cast(op.outputs[1], tf.int64),
+                                        _name_input(None, "alltoall.grad"))
+    return [back, None, None]
 
 
 @tf.RegisterGradient("DdlReducescatter")

@@ -62,6 +62,7 @@ const char* CollectiveName(Collective c) {
     case Collective::kBroadcast: return "broadcast";
     case Collective::kReducescatter: return "reducescatter";
     case Collective::kBarrier: return "barrier";
+    case Collective::kAlltoall: return "alltoall";
   }
   return "unknown";
 }

@@ -35,6 +35,7 @@ enum class Collective : uint8_t {
   kBroadcast = 2,
   kReducescatter = 3,
   kBarrier = 4,
+  kAlltoall = 5,
 };
 
 size_t DataTypeSize(DataType dtype);
