@@ -18,7 +18,8 @@ namespace {
 
 using shape_inference::InferenceContext;
 
-constexpr char kTypes[] = "{half, bfloat16, float, double, int32, int64, uint8, int8}";
+constexpr char kTypes[] =
+    "{half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}";
 
 absl::Status ToTf(const ddl::Status& s) {
   switch (s.code()) {
@@ -48,6 +49,9 @@ bool ToDdl(DataType t, ddl::DataType* out) {
     case DT_INT64: *out = ddl::DataType::kInt64; return true;
     case DT_UINT8: *out = ddl::DataType::kUInt8; return true;
     case DT_INT8: *out = ddl::DataType::kInt8; return true;
+    case DT_INT16: *out = ddl::DataType::kInt16; return true;
+    case DT_UINT16: *out = ddl::DataType::kUInt16; return true;
+    case DT_BOOL: *out = ddl::DataType::kBool; return true;
     default: return false;
   }
 }

@@ -31,15 +31,16 @@ Min = ReduceOp.Min
 Max = ReduceOp.Max
 Product = ReduceOp.Product
 
+# Dtypes the ops take directly (reductions included; on bool Sum and Max
+# are logical or, Min and Product logical and).
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
-                    tf.int32, tf.int64, tf.uint8, tf.int8)
+                    tf.int32, tf.int64, tf.uint8, tf.int8, tf.int16, tf.uint16, tf.bool)
 
-# Dtypes that broadcast and allgather carry as a supported dtype of the same
-# width: they only move bytes, so the bits arrive unchanged (bool goes as
-# uint8, since TensorFlow cannot bitcast it). Reductions stay on
-# SUPPORTED_DTYPES: a sum of reinterpreted bits would be wrong.
-CARRIED_AS = {tf.bool: tf.uint8, tf.int16: tf.float16, tf.uint16: tf.float16,
-              tf.uint32: tf.int32, tf.uint64: tf.int64}
+# Dtypes that broadcast, allgather and alltoall carry as a supported dtype
+# of the same width: they only move bytes, so the bits arrive unchanged.
+# Reductions stay on SUPPORTED_DTYPES: a sum of reinterpreted bits would be
+# wrong.
+CARRIED_AS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
 MOVABLE_DTYPES = SUPPORTED_DTYPES + tuple(CARRIED_AS)
 
 _lib = None
@@ -89,15 +90,13 @@ def _to_wire(tensor):
     wire = CARRIED_AS.get(tensor.dtype)
     if wire is None:
         return tensor, None
-    if tensor.dtype == tf.bool:
-        return tf.cast(tensor, wire), tf.bool
     return tf.bitcast(tensor, wire), tensor.dtype
 
 
 def _from_wire(tensor, dtype):
     if dtype is None:
         return tensor
-    return tf.cast(tensor, dtype) if dtype == tf.bool else tf.bitcast(tensor, dtype)
+    return tf.bitcast(tensor, dtype)
 
 
 def _to_tensor(value, argument):
@@ -120,7 +119,7 @@ def _name_input(name, kind, carried=None):
     """The op's tensor_name input.
 
     ``carried``: the dtype of a tensor that travels as another (CARRIED_AS);
-    its name is appended, so a rank sending int16 and one sending float16
+    its name is appended, so a rank sending uint32 and one sending int32
     under one name do not pair silently (the name differs: they stall and
     are reported).
 

@@ -101,6 +101,10 @@ std::string Coordinator::Refusal(const Request& r) const {
   // same cycle and none is left waiting for a collective another refused.
   const bool reduces =
       r.collective == Collective::kAllreduce || r.collective == Collective::kReducescatter;
+  if (reduces && r.op == ReduceOp::kAverage && r.dtype == DataType::kBool) {
+    return "op=Average is not defined for dtype bool; use op=Sum (logical or) or op=Min "
+           "(logical and), or cast to a float dtype";
+  }
   if (reduces && r.op == ReduceOp::kAverage && !IsFloating(r.dtype)) {
     return std::string("op=Average is not defined for integer dtype ") + DataTypeName(r.dtype) +
            " (it would silently floor); use op=Sum and divide, or a float dtype";
