@@ -280,16 +280,19 @@ def alltoall(tensor, splits=None, name=None):
     int64 tensor or list of ``size()`` entries summing to
     ``tensor.shape[0]``; zeros allowed). Without it the rows are split
     evenly, which needs ``tensor.shape[0]`` divisible by ``size()``. The
-    other dimensions must match on every rank. Returns ``(output,
-    received_splits)``: the received rows concatenated in rank order, and
-    an int32 vector of how many came from each rank.
+    other dimensions must match on every rank.
+
+    Returns, as Horovod does, ``(output, received_splits)`` when ``splits``
+    is given and ``output`` alone when it is not: the received rows
+    concatenated in rank order, and an int32 vector of how many came from
+    each rank.
     """
     tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
     _check_tensor(tensor, "tensor")
-    splits = _splits_input(splits)
-    out, received = op_library().ddl_alltoall(tensor, splits,
+    out, received = op_library().ddl_alltoall(tensor, _splits_input(splits),
                                               _name_input(name, "alltoall", dtype))
-    return _from_wire(out, dtype), received
+    out = _from_wire(out, dtype)
+    return out if splits is None else (out, received)
 
 
 def _splits_input(splits):
