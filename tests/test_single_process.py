@@ -33,6 +33,13 @@ def test_collectives_are_identities_at_size_one():
                                   x.numpy().reshape(7, 1))
     a, b = ddl.grouped_allreduce([x, tf.ones([2], tf.int64)], op=ddl.Sum)
     assert b.dtype == tf.int64 and b.numpy().tolist() == [1, 1]
+    np.testing.assert_array_equal(ddl.alltoall(x).numpy(), x.numpy())
+    out, received = ddl.alltoall(x, splits=[7])
+    np.testing.assert_array_equal(out.numpy(), x.numpy())
+    assert received.dtype == tf.int32 and received.numpy().tolist() == [7]
+    flags = tf.constant([True, False])
+    for op in (ddl.Sum, ddl.Min, ddl.Max, ddl.Product):
+        assert ddl.allreduce(flags, op=op).numpy().tolist() == [True, False]
     ddl.barrier()
 
 
