@@ -797,6 +797,19 @@ def alltoall_errors_on_every_rank():
     # The engine is still usable afterwards, under the same names.
     out = ddl.alltoall(tf.ones([size, 2]), name="a2a.trailing")
     assert_exact(out.numpy(), np.ones([size, 2], np.float32), "after the errors")
+    # Bad splits on one rank under a name the others offer from the
+    # response cache: still an error everywhere, and fine again afterwards.
+    for bad in (False, True, False):
+        splits = [1] * size
+        if bad and rank == size - 1:
+            splits[0] = 2
+        try:
+            out, _ = ddl.alltoall(tf.ones([size, 2]), splits=splits, name="a2a.cached")
+        except tf.errors.InvalidArgumentError as e:
+            assert bad and f"on rank {size - 1}" in str(e), (bad, str(e))
+        else:
+            assert not bad, "bad splits under a cached name did not raise"
+            assert_exact(out.numpy(), np.ones([size, 2], np.float32), "cached name")
 
 
 def _collective_names(concrete):
