@@ -26,6 +26,8 @@ std::vector<size_t> Offsets(const std::vector<size_t>& bytes) {
 
 // One step: `out` bytes to `to` while `in` bytes arrive from `from`, as
 // chunks interleaved receive-first, at most 2 * kWindow messages in flight.
+// Both ends cut a block at the same boundaries (same byte count, same
+// chunk size), so chunk k of a send is exactly chunk k of its receive.
 // Every rank posts its chunks in the same order, and a waited-for message
 // only depends on messages posted before it, so the window cannot
 // deadlock.
