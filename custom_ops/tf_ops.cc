@@ -2,6 +2,7 @@
 // functions, and AsyncOpKernels that hand tensors to the core and return;
 // the core completes them through a callback. This is the only file that
 // includes TensorFlow headers.
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +18,8 @@ namespace {
 
 using shape_inference::InferenceContext;
 
-constexpr char kTypes[] = "{half, bfloat16, float, double, int32, int64, uint8, int8}";
+constexpr char kTypes[] =
+    "{half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}";
 
 absl::Status ToTf(const ddl::Status& s) {
   switch (s.code()) {
@@ -47,6 +49,9 @@ bool ToDdl(DataType t, ddl::DataType* out) {
     case DT_INT64: *out = ddl::DataType::kInt64; return true;
     case DT_UINT8: *out = ddl::DataType::kUInt8; return true;
     case DT_INT8: *out = ddl::DataType::kInt8; return true;
+    case DT_INT16: *out = ddl::DataType::kInt16; return true;
+    case DT_UINT16: *out = ddl::DataType::kUInt16; return true;
+    case DT_BOOL: *out = ddl::DataType::kBool; return true;
     default: return false;
   }
 }
@@ -136,6 +141,28 @@ REGISTER_OP("DdlReducescatter")
     .Input("tensor_name: string")
     .Output("scattered: T")
     .SetShapeFn(UnknownFirstDim);
+
+// splits: rows of axis 0 for each rank (empty: an even split). Checked by
+// the core in negotiation, so a bad value fails every rank, not this one.
+REGISTER_OP("DdlAlltoall")
+    .Attr(std::string("T: ") + kTypes)
+    .Input("tensor: T")
+    .Input("splits: int64")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .Output("received_splits: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      // A scalar is refused in negotiation (on every rank), not here.
+      if (c->RankKnown(c->input(0)) && c->Rank(c->input(0)) == 0) {
+        c->set_output(0, c->UnknownShape());
+      } else {
+        shape_inference::ShapeHandle out;
+        TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &out));
+        c->set_output(0, out);
+      }
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    });
 
 REGISTER_OP("DdlBarrier")
     .Input("tensor_name: string")
@@ -295,6 +322,46 @@ class CoreShapedKernel : public CollectiveKernel {
   }
 };
 
+// Alltoall: the core exchanges the splits, then asks for both outputs
+// (the rows received, and how many came from each rank) before the data.
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  AlltoallKernel(OpKernelConstruction* c, ddl::Collective collective)
+      : CollectiveKernel(c, collective) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::vector<ddl::Work> works(1);
+    ddl::Work& w = works[0];
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, CollectiveName(ctx), &w), done);
+    const Tensor& splits = ctx->input(1);
+    if (splits.dims() != 1) {
+      w.invalid = "splits must be a 1-D tensor, got shape " + splits.shape().DebugString();
+    } else {
+      auto v = splits.flat<int64_t>();
+      w.splits.assign(v.data(), v.data() + v.size());
+    }
+    w.allocate = Allocator(ctx, 0);
+    w.received_splits = [ctx](const std::vector<int64_t>& rows) {
+      Tensor* out = nullptr;
+      absl::Status s =
+          ctx->allocate_output(1, TensorShape({static_cast<int64_t>(rows.size())}), &out);
+      if (!s.ok()) return ddl::Status::Internal(std::string(s.message()));
+      auto flat = out->flat<int32>();
+      for (size_t r = 0; r < rows.size(); ++r) {
+        if (rows[r] > std::numeric_limits<int32>::max()) {
+          return ddl::Status::InvalidArgument(
+              "alltoall received " + std::to_string(rows[r]) + " rows from rank " +
+              std::to_string(r) + ", more than received_splits (int32) can hold");
+        }
+        flat(r) = static_cast<int32>(rows[r]);
+      }
+      return ddl::Status::Ok();
+    };
+    w.done = Completion(ctx, std::move(done), 1);
+    ddl::Submit(std::move(works));
+  }
+};
+
 class BarrierKernel : public CollectiveKernel {
  public:
   explicit BarrierKernel(OpKernelConstruction* c)
@@ -325,6 +392,12 @@ REGISTER_KERNEL_BUILDER(Name("DdlAllgather").Device(DEVICE_CPU).HostMemory("tens
                         Bound<ddl::Collective::kAllgather, CoreShapedKernel>);
 REGISTER_KERNEL_BUILDER(Name("DdlReducescatter").Device(DEVICE_CPU).HostMemory("tensor_name"),
                         Bound<ddl::Collective::kReducescatter, CoreShapedKernel>);
+REGISTER_KERNEL_BUILDER(Name("DdlAlltoall")
+                            .Device(DEVICE_CPU)
+                            .HostMemory("splits")
+                            .HostMemory("tensor_name")
+                            .HostMemory("received_splits"),
+                        Bound<ddl::Collective::kAlltoall, AlltoallKernel>);
 REGISTER_KERNEL_BUILDER(Name("DdlBarrier").Device(DEVICE_CPU).HostMemory("tensor_name"),
                         BarrierKernel);
 

@@ -70,10 +70,10 @@ __version__ = "0.1.0"
 # schedules, DistributedOptimizer) must be registered as soon as keras_ddl is
 # imported, or keras.saving.load_model cannot find them in a new process.
 from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum,  # noqa: E402
-                  allgather, allreduce, barrier, broadcast, broadcast_, broadcast_global_variables,
-                  broadcast_variables, grouped_allgather, grouped_allreduce,
-                  grouped_reducescatter, local_rank_op, local_size_op, rank_op, reducescatter,
-                  size_op)
+                  allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
+                  broadcast_global_variables, broadcast_variables, grouped_allgather,
+                  grouped_allreduce, grouped_reducescatter, local_rank_op, local_size_op, rank_op,
+                  reducescatter, size_op)
 from .object_ops import allgather_object, broadcast_object  # noqa: E402
 from .optimizer import (DistributedGradientTape, DistributedOptimizer,  # noqa: E402
                         PartialDistributedGradientTape, PartialDistributedOptimizer)

@@ -169,14 +169,15 @@ def traffic():
     ``intra_node_bytes`` (through node shared memory), ``cross_node_bytes``
     (handed to the cross-node phase), ``flat_bytes`` (flat ring) and
     ``shared_output_bytes`` (allreduce results delivered straight into
-    node shared memory, see DDL_SHM_POOL_MB)."""
+    node shared memory, see DDL_SHM_POOL_MB) and ``alltoall_bytes``
+    (sent to other ranks by ``alltoall``)."""
     if not is_initialized():
         init()
-    counters = (ctypes.c_uint64 * 4)()
+    counters = (ctypes.c_uint64 * 5)()
     if _core.ddl_traffic(counters) != 0:
         raise RuntimeError("keras_ddl is not initialized")
     return dict(zip(("intra_node_bytes", "cross_node_bytes", "flat_bytes",
-                     "shared_output_bytes"), counters))
+                     "shared_output_bytes", "alltoall_bytes"), counters))
 
 
 def timeline_mark(label):

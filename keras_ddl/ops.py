@@ -18,10 +18,10 @@ from . import _private_api, basics
 from ._validation import check_rank_argument
 
 
-# The public ops are plain Python around one op call each: AutoGraph has
-# nothing to convert in them, and converting them inside a user's
-# tf.function once picked up another function's converted code from its
-# cache (a TypeError naming `compress`, seen in one launch of many).
+# The public ops are plain Python around their op calls: AutoGraph has
+# nothing to convert in them, yet inside a user's tf.function it would
+# re-read and convert their source at every trace (and the public
+# do_not_convert costs a wrapper per eager call).
 _not_converted = _private_api.skip_autograph
 
 
@@ -40,15 +40,16 @@ Min = ReduceOp.Min
 Max = ReduceOp.Max
 Product = ReduceOp.Product
 
+# Dtypes the ops take directly (reductions included; on bool Sum and Max
+# are logical or, Min and Product logical and).
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
-                    tf.int32, tf.int64, tf.uint8, tf.int8)
+                    tf.int32, tf.int64, tf.uint8, tf.int8, tf.int16, tf.uint16, tf.bool)
 
-# Dtypes that broadcast and allgather carry as a supported dtype of the same
-# width: they only move bytes, so the bits arrive unchanged (bool goes as
-# uint8, since TensorFlow cannot bitcast it). Reductions stay on
-# SUPPORTED_DTYPES: a sum of reinterpreted bits would be wrong.
-CARRIED_AS = {tf.bool: tf.uint8, tf.int16: tf.float16, tf.uint16: tf.float16,
-              tf.uint32: tf.int32, tf.uint64: tf.int64}
+# Dtypes that broadcast, allgather and alltoall carry as a supported dtype
+# of the same width: they only move bytes, so the bits arrive unchanged.
+# Reductions stay on SUPPORTED_DTYPES: a sum of reinterpreted bits would be
+# wrong.
+CARRIED_AS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
 MOVABLE_DTYPES = SUPPORTED_DTYPES + tuple(CARRIED_AS)
 # For the per-call checks: a set lookup hashes the dtype once, where the
 # tuple compared it with each entry in Python (microseconds per call).
@@ -102,15 +103,13 @@ def _to_wire(tensor):
     wire = CARRIED_AS.get(tensor.dtype)
     if wire is None:
         return tensor, None
-    if tensor.dtype == tf.bool:
-        return tf.cast(tensor, wire), tf.bool
     return tf.bitcast(tensor, wire), tensor.dtype
 
 
 def _from_wire(tensor, dtype):
     if dtype is None:
         return tensor
-    return tf.cast(tensor, dtype) if dtype == tf.bool else tf.bitcast(tensor, dtype)
+    return tf.bitcast(tensor, dtype)
 
 
 def densify(slices, argument):
@@ -160,7 +159,7 @@ def _name_input(name, kind, carried=None):
     """The op's tensor_name input.
 
     ``carried``: the dtype of a tensor that travels as another (CARRIED_AS);
-    its name is appended, so a rank sending int16 and one sending float16
+    its name is appended, so a rank sending uint32 and one sending int32
     under one name do not pair silently (the name differs: they stall and
     are reported).
 
@@ -402,6 +401,49 @@ def reducescatter(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_fact
 
 
 @_not_converted
+def alltoall(tensor, splits=None, name=None):
+    """Sends rows of axis 0 to every rank and gathers the rows every rank
+    sends to this one, as Horovod's ``alltoall``.
+
+    ``splits``: how many rows go to each rank, in rank order (a 1-D int32 or
+    int64 tensor or list of ``size()`` entries summing to
+    ``tensor.shape[0]``; zeros allowed). Without it the rows are split
+    evenly, which needs ``tensor.shape[0]`` divisible by ``size()``. The
+    other dimensions must match on every rank.
+
+    Returns, as Horovod does, ``(output, received_splits)`` when ``splits``
+    is given and ``output`` alone when it is not: the received rows
+    concatenated in rank order, and an int32 vector of how many came from
+    each rank.
+    """
+    tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
+    _check_tensor(tensor, "tensor")
+    out, received = op_library().ddl_alltoall(tensor, _splits_input(splits),
+                                              _name_input(name, "alltoall", dtype))
+    out = _from_wire(out, dtype)
+    return out if splits is None else (out, received)
+
+
+def _splits_input(splits):
+    # Its length and sum are checked in negotiation, where every rank gets
+    # the error; only what cannot be a row count at all is refused here.
+    if splits is None:
+        return tf.zeros([0], tf.int64)
+    if isinstance(splits, tf.Tensor) or hasattr(splits, "dtype"):
+        value = tf.convert_to_tensor(splits)
+    else:
+        try:
+            value = tf.convert_to_tensor(splits, dtype_hint=tf.int64)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"keras_ddl: splits must be a 1-D integer tensor or list, got "
+                            f"{splits!r}: {e} (rank {basics.rank()})") from None
+    if value.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"keras_ddl: splits must have dtype int32 or int64, got "
+                        f"{value.dtype.name} (rank {basics.rank()})")
+    return tf.cast(value, tf.int64)
+
+
+@_not_converted
 def barrier(name=None):
     """Returns once every rank has called ``barrier``."""
     op_library().ddl_barrier(_name_input(name, "barrier"))
@@ -582,6 +624,16 @@ def _broadcast_grad(op, grad):
     # optimiser can prune the collective here while the root waits for it;
     # a control dependency alone does not survive constant folding.
     return [tf.math.multiply_no_nan(summed, tf.zeros_like(summed)), None]
+
+
+@tf.RegisterGradient("DdlAlltoall")
+def _alltoall_grad(op, grad, _received_splits_grad):
+    # Row i of my output came from some rank's input; sending the output's
+    # gradient back along the same routes (received_splits as the splits)
+    # returns every row's gradient to the rank and place it came from.
+    back, _ = op_library().ddl_alltoall(grad, tf.cast(op.outputs[1], tf.int64),
+                                        _name_input(None, "alltoall.grad"))
+    return [back, None, None]
 
 
 @tf.RegisterGradient("DdlReducescatter")

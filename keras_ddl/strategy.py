@@ -78,7 +78,8 @@ except ImportError as _error:  # an untested TensorFlow reorganised its modules
 
 _SUM = tf.distribute.ReduceOp.SUM
 _MEAN = tf.distribute.ReduceOp.MEAN
-_REDUCIBLE = frozenset(ddl_ops.SUPPORTED_DTYPES)
+# Bool reduces (logical or / and) but has no MEAN: the strategy leaves it alone.
+_REDUCIBLE = frozenset(ddl_ops.SUPPORTED_DTYPES) - {tf.bool}
 # Dtypes the broadcast op does not take, moved as same-width supported ones.
 _MOVABLE = frozenset(ddl_ops.MOVABLE_DTYPES)
 

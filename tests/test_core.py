@@ -44,6 +44,21 @@ def test_float16_kernels_match_the_scalar_definition(tmp_path):
     assert " 0 mismatches" in proc.stdout, proc.stdout
 
 
+def test_int16_uint16_and_bool_kernels_match_their_definition(tmp_path):
+    proc = build_and_run("small_int_kernels.cc", ["common/reduce_kernels.cc", "common/types.cc"],
+                         tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " 0 mismatches" in proc.stdout, proc.stdout
+
+
+def test_alltoall_on_threads_as_ranks(tmp_path):
+    """1-5 ranks, random uneven splits with zeros, blocks of many chunks;
+    no message above the limit, none empty, a bounded window in flight."""
+    proc = build_and_run("alltoall_threads.cc", ["algorithms/alltoall.cc"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " 0 mismatches" in proc.stdout, proc.stdout
+
+
 def test_allreduce_algorithms_on_threads_as_ranks(tmp_path):
     """Direct exchange, pairwise + ring, the ring and both reduce-scatters,
     1-6 ranks, empty and odd lengths, messages of 8 bytes up: rank-order

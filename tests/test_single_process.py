@@ -33,6 +33,13 @@ def test_collectives_are_identities_at_size_one():
                                   x.numpy().reshape(7, 1))
     a, b = ddl.grouped_allreduce([x, tf.ones([2], tf.int64)], op=ddl.Sum)
     assert b.dtype == tf.int64 and b.numpy().tolist() == [1, 1]
+    np.testing.assert_array_equal(ddl.alltoall(x).numpy(), x.numpy())
+    out, received = ddl.alltoall(x, splits=[7])
+    np.testing.assert_array_equal(out.numpy(), x.numpy())
+    assert received.dtype == tf.int32 and received.numpy().tolist() == [7]
+    flags = tf.constant([True, False])
+    for op in (ddl.Sum, ddl.Min, ddl.Max, ddl.Product):
+        assert ddl.allreduce(flags, op=op).numpy().tolist() == [True, False]
     ddl.barrier()
 
 
@@ -117,9 +124,9 @@ def test_a_root_rank_that_is_not_an_int_is_the_same_error_everywhere(call, owner
 
 
 def test_autograph_calls_the_public_ops_as_they_are():
-    # Converting them inside a user's tf.function has nothing to gain and
-    # once ran another function's converted code; _private_api.skip_autograph
-    # marks them (and the public do_not_convert is its fallback).
+    # Converting them inside a user's tf.function gains nothing and re-reads
+    # their source at every trace; _private_api.skip_autograph marks them
+    # (the public do_not_convert, with a per-call wrapper, is its fallback).
     from tensorflow.python.autograph.impl import api as autograph_api
     for fn in (ddl.allreduce, ddl.grouped_allreduce, ddl.allgather, ddl.broadcast,
                ddl.reducescatter, ddl.barrier, ddl.grouped_allgather,

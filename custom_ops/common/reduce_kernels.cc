@@ -111,6 +111,16 @@ void ReduceTyped(T* dst, const T* a, const T* b, int64_t count, ReduceOp op) {
   }
 }
 
+// Bools (one byte each, 0 or 1): Sum and Max are "any", Min and Product
+// "all". Results are written as 0 or 1 whatever nonzero byte came in.
+void ReduceBool(uint8_t* dst, const uint8_t* a, const uint8_t* b, int64_t count, ReduceOp op) {
+  if (op == ReduceOp::kMin || op == ReduceOp::kProduct) {
+    for (int64_t i = 0; i < count; ++i) dst[i] = (a[i] != 0) & (b[i] != 0);
+  } else {
+    for (int64_t i = 0; i < count; ++i) dst[i] = (a[i] != 0) | (b[i] != 0);
+  }
+}
+
 // 16-bit floats are reduced in float and rounded back once per pairwise step.
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void Reduce16(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t count, ReduceOp op) {
@@ -247,6 +257,15 @@ void ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType d
     case DataType::kInt8:
       return ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(a),
                          static_cast<const int8_t*>(b), count, op);
+    case DataType::kInt16:
+      return ReduceTyped(static_cast<int16_t*>(dst), static_cast<const int16_t*>(a),
+                         static_cast<const int16_t*>(b), count, op);
+    case DataType::kUInt16:
+      return ReduceTyped(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                         static_cast<const uint16_t*>(b), count, op);
+    case DataType::kBool:
+      return ReduceBool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                        static_cast<const uint8_t*>(b), count, op);
   }
 }
 

@@ -8,7 +8,9 @@
 
 namespace ddl {
 
-// dst[i] = op(dst[i], src[i]) for i in [0, count).
+// dst[i] = op(dst[i], src[i]) for i in [0, count). On bool, Sum and Max
+// are logical or, Min and Product logical and (Average is refused before
+// it gets here, as for integers).
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
 
 // dst[i] = op(a[i], b[i]) for i in [0, count); dst may equal a.

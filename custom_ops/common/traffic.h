@@ -11,6 +11,7 @@ struct TrafficCounters {
   std::atomic<uint64_t> cross_node_bytes{0};  // handed to the cross-node allreduce
   std::atomic<uint64_t> flat_bytes{0};        // allreduced by the flat ring over MPI
   std::atomic<uint64_t> shared_output_bytes{0};  // results delivered in node shared memory
+  std::atomic<uint64_t> alltoall_bytes{0};       // sent to other ranks by alltoall
 };
 
 }  // namespace ddl

@@ -8,6 +8,8 @@ size_t DataTypeSize(DataType dtype) {
   switch (dtype) {
     case DataType::kFloat16:
     case DataType::kBFloat16:
+    case DataType::kInt16:
+    case DataType::kUInt16:
       return 2;
     case DataType::kFloat32:
     case DataType::kInt32:
@@ -17,6 +19,7 @@ size_t DataTypeSize(DataType dtype) {
       return 8;
     case DataType::kUInt8:
     case DataType::kInt8:
+    case DataType::kBool:
       return 1;
   }
   return 0;
@@ -27,7 +30,7 @@ bool IsFloating(DataType dtype) {
          dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
-bool IsValidDataType(int value) { return value >= 0 && value <= 7; }
+bool IsValidDataType(int value) { return value >= 0 && value <= 10; }
 bool IsValidReduceOp(int value) { return value >= 0 && value <= 4; }
 
 const char* DataTypeName(DataType dtype) {
@@ -40,6 +43,9 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kInt64: return "int64";
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
+    case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
+    case DataType::kBool: return "bool";
   }
   return "unknown";
 }
@@ -62,6 +68,7 @@ const char* CollectiveName(Collective c) {
     case Collective::kBroadcast: return "broadcast";
     case Collective::kReducescatter: return "reducescatter";
     case Collective::kBarrier: return "barrier";
+    case Collective::kAlltoall: return "alltoall";
   }
   return "unknown";
 }

@@ -19,6 +19,9 @@ enum class DataType : uint8_t {
   kInt64 = 5,
   kUInt8 = 6,
   kInt8 = 7,
+  kInt16 = 8,
+  kUInt16 = 9,
+  kBool = 10,  // one byte, 0 or 1; reductions are logical (see ReduceTo)
 };
 
 enum class ReduceOp : uint8_t {
@@ -35,6 +38,7 @@ enum class Collective : uint8_t {
   kBroadcast = 2,
   kReducescatter = 3,
   kBarrier = 4,
+  kAlltoall = 5,
 };
 
 size_t DataTypeSize(DataType dtype);

@@ -70,7 +70,7 @@ int ddl_timeline_mark(const char* label) {
 }
 
 // Bytes moved by this rank: [intra-node, cross-node, flat ring, results
-// delivered in shared-memory outputs]. Returns 0,
+// delivered in shared-memory outputs, sent by alltoall]. Returns 0,
 // or -1 when not initialised.
 int ddl_traffic(uint64_t* out) {
   auto engine = ddl::CurrentEngine();
@@ -79,6 +79,7 @@ int ddl_traffic(uint64_t* out) {
   out[1] = engine->traffic().cross_node_bytes.load();
   out[2] = engine->traffic().flat_bytes.load();
   out[3] = engine->traffic().shared_output_bytes.load();
+  out[4] = engine->traffic().alltoall_bytes.load();
   return 0;
 }
 

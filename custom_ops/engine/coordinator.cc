@@ -1,5 +1,6 @@
 #include "coordinator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -100,12 +101,18 @@ std::string Coordinator::Refusal(const Request& r) const {
   // same cycle and none is left waiting for a collective another refused.
   const bool reduces =
       r.collective == Collective::kAllreduce || r.collective == Collective::kReducescatter;
+  if (reduces && r.op == ReduceOp::kAverage && r.dtype == DataType::kBool) {
+    return "op=Average is not defined for dtype bool; use op=Sum (logical or) or op=Min "
+           "(logical and), or cast to a float dtype";
+  }
   if (reduces && r.op == ReduceOp::kAverage && !IsFloating(r.dtype)) {
     return std::string("op=Average is not defined for integer dtype ") + DataTypeName(r.dtype) +
            " (it would silently floor); use op=Sum and divide, or a float dtype";
   }
-  if (r.collective == Collective::kReducescatter && r.shape.empty()) {
-    return "reducescatter needs a tensor of rank >= 1, got a scalar";
+  if ((r.collective == Collective::kReducescatter || r.collective == Collective::kAlltoall) &&
+      r.shape.empty()) {
+    return std::string(CollectiveName(r.collective)) +
+           " needs a tensor of rank >= 1, got a scalar";
   }
   if (r.collective == Collective::kBroadcast && (r.root < 0 || r.root >= size_)) {
     return "root_rank=" + std::to_string(r.root) + " is outside [0, " + std::to_string(size_) + ")";
@@ -121,11 +128,32 @@ ResponseList Coordinator::Respond() {
     Offers& offers = table_[name];
     const Request& first = offers.by_rank[0];
     std::string mismatch;
+    // A rank's own invalid arguments come first: they are the cause even
+    // when they also make its request differ from the others'.
+    // Ranks with the same reason are named together, in rank order.
+    std::vector<std::pair<std::string, std::string>> reasons;  // reason, ranks
+    for (int r = 0; r < size_; ++r) {
+      const std::string& why = offers.by_rank[r].invalid;
+      if (why.empty()) continue;
+      auto it = std::find_if(reasons.begin(), reasons.end(),
+                             [&](const auto& e) { return e.first == why; });
+      if (it == reasons.end()) it = reasons.insert(reasons.end(), {why, ""});
+      it->second += (it->second.empty() ? "" : ", ") + std::to_string(r);
+    }
+    for (const auto& [why, ranks] : reasons) {
+      const bool several = ranks.find(',') != std::string::npos;
+      mismatch += (mismatch.empty() ? "" : "; ") + why +
+                  (several ? " on ranks [" + ranks + "]" : " on rank " + ranks);
+    }
+    const bool invalid = !mismatch.empty();
     for (int r = 1; r < size_ && mismatch.empty(); ++r) {
       if (!first.Compatible(offers.by_rank[r])) mismatch = first.Difference(offers.by_rank[r]);
     }
     const std::string refusal = mismatch.empty() ? Refusal(first) : "";
-    if (!mismatch.empty()) {
+    if (invalid) {
+      out.errors.emplace_back(name, std::string(CollectiveName(first.collective)) +
+                                        " of tensor '" + name + "': " + mismatch);
+    } else if (!mismatch.empty()) {
       out.errors.emplace_back(name, "Mismatched " + std::string(CollectiveName(first.collective)) +
                                         " for tensor '" + name + "': " + mismatch);
     } else if (!refusal.empty()) {

@@ -16,6 +16,41 @@ constexpr size_t kVerdictBytes = 4096;
 
 std::atomic<bool> peer_failure_seen{false};
 
+// Checks an alltoall's splits against its rows and the world size, filling
+// in the even split when none was given. Returns why they do not fit (""
+// if they do); the caller offers that through negotiation, so every rank
+// fails together.
+std::string ResolveAlltoallSplits(Work& w, int size) {
+  if (!w.invalid.empty() || w.shape.empty()) return w.invalid;  // scalar: Refusal's
+  const int64_t rows = w.shape[0];
+  if (w.splits.empty()) {
+    if (rows % size != 0) {
+      return "without splits the first dimension (" + std::to_string(rows) +
+             ") must be divisible by the number of ranks (" + std::to_string(size) +
+             "); pass splits= to send uneven parts";
+    }
+    w.splits.assign(size, rows / size);
+    return "";
+  }
+  if (static_cast<int64_t>(w.splits.size()) != size) {
+    return "splits has " + std::to_string(w.splits.size()) + " entries but there are " +
+           std::to_string(size) + " ranks (one entry per rank)";
+  }
+  int64_t total = 0;
+  for (size_t r = 0; r < w.splits.size(); ++r) {
+    if (w.splits[r] < 0) {
+      return "splits[" + std::to_string(r) + "] = " + std::to_string(w.splits[r]) +
+             " is negative";
+    }
+    total += w.splits[r];
+  }
+  if (total != rows) {
+    return "splits sum to " + std::to_string(total) + " but the tensor's first dimension is " +
+           std::to_string(rows) + " (shape " + ShapeString(w.shape) + ")";
+  }
+  return "";
+}
+
 }  // namespace
 
 bool Engine::PeerFailureSeen() { return peer_failure_seen.load(); }
@@ -195,6 +230,10 @@ void Engine::Admit(Work work) {
   r.op = work.op;
   r.root = work.root;
   r.shape = work.shape;
+  if (work.collective == Collective::kAlltoall) {
+    work.invalid = ResolveAlltoallSplits(work, ctx_->size);
+  }
+  r.invalid = work.invalid;
   if (!controller_.Offer(r)) {
     Finish(work, Status::InvalidArgument(
         "a collective named '" + work.name + "' is already in flight" + OnRank(ctx_->rank) +

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "../algorithms/allreduce.h"
+#include "../algorithms/alltoall.h"
 #include "../algorithms/pairwise.h"
 #include "../algorithms/ring.h"
 #include "../common/reduce_kernels.h"
@@ -57,6 +58,9 @@ void Executor::Run(std::vector<Work>& ready) {
         break;
       case Collective::kReducescatter:
         s = Reducescatter(w);
+        break;
+      case Collective::kAlltoall:
+        s = Alltoall(w);
         break;
       case Collective::kBarrier:
         break;  // agreement by every rank already was the barrier
@@ -277,6 +281,44 @@ Status Executor::Reducescatter(Work& w) {
   }
   CopyUnlessSame(out, work.data() + my_offset * elem, counts[ctx_.rank] * elem);
   return Status::Ok();
+}
+
+Status Executor::Alltoall(Work& w) {
+  // Negotiation refused scalars and checked w.splits (one entry per rank,
+  // summing to the rows), so rows of axis 0 go to ranks in order.
+  const int n = ctx_.size;
+  const int me = ctx_.rank;
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < w.shape.size(); ++d) row_elems *= w.shape[d];
+  const size_t row_bytes = static_cast<size_t>(row_elems) * DataTypeSize(w.dtype);
+  // Receivers learn their row counts before any data moves, so each can
+  // allocate its output once, with its final shape.
+  const std::vector<int64_t> from_each = ExchangeCounts(*ctx_.world, w.splits);
+  std::vector<size_t> send_bytes(n), recv_bytes(n);
+  std::vector<int64_t> out_shape = w.shape;
+  out_shape[0] = 0;
+  for (int r = 0; r < n; ++r) {
+    send_bytes[r] = static_cast<size_t>(w.splits[r]) * row_bytes;
+    recv_bytes[r] = static_cast<size_t>(from_each[r]) * row_bytes;
+    out_shape[0] += from_each[r];
+  }
+  const size_t total = static_cast<size_t>(out_shape[0]) * row_bytes;
+  // As in Allgather: without an output this rank still takes part (into
+  // scratch), or the others' next collective would pair with another one.
+  void* out = nullptr;
+  std::vector<char> scratch;
+  Status s = w.allocate(out_shape, &out);
+  if (s.ok() && w.received_splits) s = w.received_splits(from_each);
+  if (!s.ok() || (out == nullptr && total > 0)) {
+    scratch.resize(std::max<size_t>(total, 1));
+    out = scratch.data();
+    if (s.ok()) s = Status::Internal("no output for alltoall '" + w.name + "'");
+  }
+  PairwiseAlltoall(*ctx_.world, w.input, send_bytes, out, recv_bytes);
+  uint64_t sent = 0;
+  for (int r = 0; r < n; ++r) sent += r == me ? 0 : send_bytes[r];
+  traffic_.alltoall_bytes += sent;
+  return s;
 }
 
 }  // namespace ddl

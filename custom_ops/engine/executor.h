@@ -28,6 +28,7 @@ class Executor {
   Status Allgather(Work& work);
   Status Broadcast(Work& work);
   Status Reducescatter(Work& work);
+  Status Alltoall(Work& work);
 
   Context& ctx_;
   TrafficCounters traffic_;

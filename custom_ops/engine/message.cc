@@ -6,12 +6,21 @@
 
 namespace ddl {
 
+namespace {
+// Allgather concatenates and alltoall exchanges rows of axis 0: each rank
+// may bring its own number of rows.
+bool FirstDimMayDiffer(Collective c) {
+  return c == Collective::kAllgather || c == Collective::kAlltoall;
+}
+}  // namespace
+
 bool Request::Compatible(const Request& other) const {
   if (collective != other.collective || dtype != other.dtype || wire != other.wire ||
-      op != other.op || root != other.root || shape.size() != other.shape.size()) {
+      op != other.op || root != other.root || shape.size() != other.shape.size() ||
+      !invalid.empty() || !other.invalid.empty()) {
     return false;
   }
-  size_t first = collective == Collective::kAllgather ? 1 : 0;
+  size_t first = FirstDimMayDiffer(collective) ? 1 : 0;
   for (size_t i = first; i < shape.size(); ++i) {
     if (shape[i] != other.shape[i]) return false;
   }
@@ -36,7 +45,7 @@ std::string Request::Difference(const Request& other) const {
     pair("reduction op", ReduceOpName(op), ReduceOpName(other.op));
   } else if (root != other.root) {
     pair("root_rank", std::to_string(root), std::to_string(other.root));
-  } else if (collective == Collective::kAllgather) {
+  } else if (FirstDimMayDiffer(collective)) {
     pair("shape (all dimensions but the first must match)", ShapeString(shape),
          ShapeString(other.shape));
   } else {
@@ -107,6 +116,7 @@ std::vector<char> EncodeRequests(const std::vector<Request>& requests) {
     w.Put<int32_t>(r.root);
     w.Put<uint32_t>(static_cast<uint32_t>(r.shape.size()));
     for (int64_t d : r.shape) w.Put<int64_t>(d);
+    w.PutString(r.invalid);
   }
   return w.Take();
 }
@@ -127,6 +137,7 @@ std::vector<Request> DecodeRequests(const std::vector<char>& bytes) {
     r.root = rd.Get<int32_t>();
     r.shape.resize(rd.Get<uint32_t>());
     for (int64_t& d : r.shape) d = rd.Get<int64_t>();
+    r.invalid = rd.GetString();
   }
   return requests;
 }

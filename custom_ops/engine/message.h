@@ -20,9 +20,13 @@ struct Request {
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   std::vector<int64_t> shape;
+  // Why this rank's arguments cannot run (Work::invalid, or alltoall splits
+  // that do not fit); "" when they can. Never compatible with anything.
+  std::string invalid;
 
   // True when two ranks' requests for the same name can run together:
-  // everything equal except, for allgather, the first dimension.
+  // everything equal except, for allgather and alltoall, the first
+  // dimension, and neither is invalid.
   bool Compatible(const Request& other) const;
   // Human-readable difference from `other`, e.g. "shape [3] vs [4]".
   std::string Difference(const Request& other) const;

@@ -23,6 +23,14 @@ struct Work {
   int root = 0;
   std::vector<int64_t> shape;
   const void* input = nullptr;
+  // Alltoall: rows of axis 0 this rank sends to each rank (entry r to rank
+  // r). Empty asks for an even split; the engine fills it in when it
+  // admits the work.
+  std::vector<int64_t> splits;
+  // A problem with this rank's arguments that the binding found but must
+  // not report alone (the other ranks would wait for this one): the engine
+  // offers the collective anyway and negotiation fails it on every rank.
+  std::string invalid;
   // Broadcast: preallocated output of the input's shape (may alias the
   // input); allreduce may have one too. Allgather and reducescatter: null;
   // the core calls `allocate` with the output shape once it knows it.
@@ -32,6 +40,10 @@ struct Work {
   // `adopt` with the result and a handle that keeps that memory alive.
   std::function<Status(const std::vector<int64_t>& shape, void** data)> allocate;
   std::function<void(void* data, std::shared_ptr<void> hold)> adopt;
+  // Alltoall: told how many rows arrived from each rank, after the engine
+  // exchanged the splits and before the data moves (it allocates and fills
+  // the received_splits output).
+  std::function<Status(const std::vector<int64_t>& rows_from_each)> received_splits;
   // Called exactly once, from the engine thread (or from Enqueue on an
   // immediate error).
   std::function<void(const Status&)> done;

@@ -209,8 +209,8 @@ def join(device=""):
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
-    """Horovod's alltoall over keras_ddl.alltoall; raises NotImplementedError
-    while this keras_ddl has no alltoall.
+    """Horovod's alltoall: ``keras_ddl.alltoall`` (with ``splits``, it returns
+    the output and the received splits, as Horovod does).
 
     Args:
         tensor: The tensor whose rows are sent to the ranks.
@@ -220,8 +220,4 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         process_set: Must be the global process set.
     """
     check_process_set(process_set, "alltoall")
-    implementation = getattr(ddl, "alltoall", None)
-    if implementation is None:
-        raise NotImplementedError("keras_ddl.horovod: alltoall is not available in this "
-                                  "keras_ddl yet")
-    return implementation(tensor, splits=splits, name=name)
+    return ddl.alltoall(tensor, splits=splits, name=name)

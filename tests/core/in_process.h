@@ -6,6 +6,7 @@
 // the check instead of hanging it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -131,21 +132,25 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
     Check(peer, bytes);
     InProcessGroup::Stream s{rank_, peer, tag};
     group_.Deliver(s, group_.NextSend(s), data, bytes);
-    messages_.push_back({nullptr, 0, s, -1});
-    return static_cast<Handle>(messages_.size() - 1);
+    return Start({nullptr, 0, s, -1});
   }
   Handle Irecv(void* data, size_t bytes, int peer, int tag) override {
     Check(peer, bytes);
     InProcessGroup::Stream s{peer, rank_, tag};
-    messages_.push_back({data, bytes, s, group_.NextReceive(s)});
-    return static_cast<Handle>(messages_.size() - 1);
+    return Start({data, bytes, s, group_.NextReceive(s)});
   }
   void Wait(Handle h) override {
     Message& m = messages_.at(static_cast<size_t>(h));
-    if (m.seq < 0) return;
-    group_.Collect(m.stream, m.seq, m.data, m.bytes);
-    m.seq = -1;
+    if (m.waited) return;
+    if (m.seq >= 0) group_.Collect(m.stream, m.seq, m.data, m.bytes);
+    m.waited = true;
+    --outstanding_;
   }
+
+  // What an algorithm's bounds are checked against: the most messages it
+  // had started and not yet waited for at once, and its empty messages.
+  int max_outstanding() const { return max_outstanding_; }
+  int empty_messages() const { return empty_messages_; }
 
   void AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool) override {
     const char* p = reinterpret_cast<const char*>(words.data());
@@ -181,12 +186,19 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
     void* data;
     size_t bytes;
     InProcessGroup::Stream stream;
-    int64_t seq;  // receive sequence; -1 once complete (and for sends)
+    int64_t seq;  // receive sequence; -1 for sends
+    bool waited = false;
   };
-  void Check(int peer, size_t bytes) const {
+  Handle Start(Message m) {
+    messages_.push_back(m);
+    max_outstanding_ = std::max(max_outstanding_, ++outstanding_);
+    return static_cast<Handle>(messages_.size() - 1);
+  }
+  void Check(int peer, size_t bytes) {
     if (peer < 0 || peer >= group_.size() || peer == rank_) {
       throw TransportError("message to/from invalid peer " + std::to_string(peer));
     }
+    if (bytes == 0) ++empty_messages_;
     if (bytes > group_.max_message_bytes()) {
       throw TransportError("message of " + std::to_string(bytes) + " bytes over the limit of " +
                            std::to_string(group_.max_message_bytes()));
@@ -195,6 +207,7 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
   InProcessGroup& group_;
   int rank_;
   std::vector<Message> messages_;
+  int outstanding_ = 0, max_outstanding_ = 0, empty_messages_ = 0;
 };
 
 }  // namespace ddl_test

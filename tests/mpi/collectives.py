@@ -11,7 +11,8 @@ from mpi4py import MPI
 
 import keras_ddl as ddl
 
-DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.uint8, tf.int8]
+DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.uint8, tf.int8,
+          tf.int16, tf.uint16, tf.bool]
 LENGTHS = [1, 7, 1000003]
 rank = ddl.rank()
 size = ddl.size()
@@ -100,7 +101,7 @@ def traffic_counters_follow_the_algorithm():
     algo = ddl.allreduce_algorithm()
     if algo == "flat":
         assert delta == {"intra_node_bytes": 0, "cross_node_bytes": 0, "flat_bytes": nbytes,
-                         "shared_output_bytes": 0}, delta
+                         "shared_output_bytes": 0, "alltoall_bytes": 0}, delta
         return
     assert delta["flat_bytes"] == 0 and delta["intra_node_bytes"] == 2 * nbytes, delta
     # With room in the node's pool the result lands there once for the node;
@@ -128,6 +129,36 @@ def allreduce_every_dtype_op_and_length():
                 inputs = everyone([n], dtype, high=high, low=1 if op == ddl.Product else 0)
                 got = ddl.allreduce(tf.constant(inputs[rank]), op=op).numpy()
                 assert_exact(got, reference(inputs, op, dtype), f"{dtype.name} {op.name} n={n}")
+
+
+@case
+def int16_uint16_and_bool_reductions():
+    # Sum / Max on bool are logical or, Min / Product logical and (numpy's
+    # sum / max / min / prod of 0s and 1s, then != 0, gives the same).
+    ops = (ddl.Sum, ddl.Min, ddl.Max, ddl.Product)
+    for dtype, low in ((tf.int16, -300), (tf.uint16, 0), (tf.bool, 0)):
+        high = 2 if dtype == tf.bool else 300
+        for op in ops:
+            lo, hi = (0, 2) if dtype == tf.bool else ((1, 4) if op == ddl.Product else (low, high))
+            for n in (1, 7, 100003):
+                inputs = everyone([n], dtype, low=lo, high=hi, seed=90 + n)
+                got = ddl.allreduce(tf.constant(inputs[rank]), op=op)
+                assert got.dtype == dtype
+                assert_exact(got.numpy(), reference(inputs, op, dtype),
+                             f"{dtype.name} {op.name} n={n}")
+            # grouped (fused with a float tensor of the same op) and reducescatter
+            inputs = everyone([5, 3], dtype, low=lo, high=hi, seed=95)
+            grouped = ddl.grouped_allreduce([tf.constant(inputs[rank]), tf.ones([4])], op=op)
+            assert_exact(grouped[0].numpy(), reference(inputs, op, dtype), f"grouped {dtype.name}")
+            counts = [5 // size + (1 if r < 5 % size else 0) for r in range(size)]
+            start = sum(counts[:rank])
+            got = ddl.reducescatter(tf.constant(inputs[rank]), op=op).numpy()
+            assert_exact(got, reference(inputs, op, dtype)[start:start + counts[rank]],
+                         f"reducescatter {dtype.name} {op.name}")
+    # Wrap-around is the dtype's, as numpy's
+    big = np.array([32767, -32768, 20000], np.int16)
+    got = ddl.allreduce(tf.constant(big), op=ddl.Sum).numpy()
+    assert_exact(got, (big.astype(np.int64) * size).astype(np.int16), "int16 wrap-around")
 
 
 @case
@@ -391,6 +422,10 @@ def mismatched_shape_dtype_op_error_on_every_rank():
         "mm.int_average_one_rank": lambda: ddl.allreduce(
             tf.ones([2], tf.int32 if rank == 0 else tf.float32), op=ddl.Average,
             name="mm.int_average_one_rank"),
+        "mm.bool_average": lambda: ddl.allreduce(tf.ones([2], tf.bool), op=ddl.Average,
+                                                 name="mm.bool_average"),
+        "mm.int16_average_rs": lambda: ddl.reducescatter(tf.ones([4], tf.int16), op=ddl.Average,
+                                                         name="mm.int16_average_rs"),
         "mm.int_average_grouped": lambda: ddl.grouped_allreduce(
             [tf.ones([2]), tf.ones([3], tf.int64)], op=ddl.Average,
             name="mm.int_average_grouped"),
@@ -422,7 +457,7 @@ def changed_shape_under_a_cached_name_renegotiates():
 def rejected_inputs_name_the_argument():
     checks = [
         (lambda: ddl.allreduce(tf.constant([1 + 2j])), TypeError, "complex"),
-        (lambda: ddl.allreduce(tf.constant([True])), TypeError, "bool"),
+        (lambda: ddl.allreduce(tf.constant([1], tf.uint32)), TypeError, "uint32"),
         (lambda: ddl.allreduce(object()), TypeError, "tensor"),
         (lambda: ddl.grouped_allreduce([tf.ones([1]), "x"]), TypeError, "tensors[1]"),
     ]
@@ -619,6 +654,162 @@ def results_outlive_shutdown():
                  np.float32(reference(inputs, ddl.Sum, tf.float32).astype(np.float64).sum()),
                  "a TensorFlow op on it after shutdown")
     ddl.init()
+
+
+# Alltoall. split_matrix()[r][p]: rows rank r sends to rank p (some zero).
+def split_matrix(seed=0):
+    return [[(r + 2 * p + seed) % 3 for p in range(size)] for r in range(size)]
+
+
+def alltoall_expected(inputs, splits):
+    """(what this rank receives, received_splits) from every rank's input."""
+    parts = []
+    for r, x in enumerate(inputs):
+        start = sum(splits[r][:rank])
+        parts.append(x[start:start + splits[r][rank]])
+    return np.concatenate(parts, axis=0), np.array([splits[r][rank] for r in range(size)],
+                                                   np.int32)
+
+
+@case
+def alltoall_even_uneven_and_every_dtype():
+    carried = [tf.uint32, tf.uint64]  # moved as int32 / int64
+    for dtype in DTYPES + carried:
+        for trailing in ([], [2, 3]):
+            for seed in (0, 1):
+                splits = split_matrix(seed)
+                inputs = [values(r, [sum(splits[r])] + trailing, dtype, high=2 if dtype == tf.bool
+                                 else 4, seed=50 + seed) for r in range(size)]
+                what = f"alltoall {dtype.name} {trailing} splits {splits[rank]}"
+                out, received = ddl.alltoall(tf.constant(inputs[rank]), splits=splits[rank])
+                expected, expected_splits = alltoall_expected(inputs, splits)
+                assert out.dtype == dtype, what
+                assert_exact(out.numpy(), expected, what)
+                assert_exact(received.numpy(), expected_splits, what + " received_splits")
+    # No splits: an even split; int32 and int64 splits tensors alike.
+    inputs = everyone([2 * size, 3], tf.float32, seed=52)
+    even = [[2] * size for _ in range(size)]
+    out = ddl.alltoall(tf.constant(inputs[rank]))  # without splits: no received_splits
+    assert isinstance(out, tf.Tensor), type(out)
+    assert_exact(out.numpy(), alltoall_expected(inputs, even)[0], "even")
+    for splits_dtype in (tf.int32, tf.int64):
+        out, _ = ddl.alltoall(tf.constant(inputs[rank]), tf.constant([2] * size, splits_dtype))
+        assert_exact(out.numpy(), alltoall_expected(inputs, even)[0], splits_dtype.name)
+    # Nothing to send at all, and blocks of several chunks (1.2 MB each).
+    out, received = ddl.alltoall(tf.zeros([0, 4]), splits=[0] * size)
+    assert out.shape == (0, 4) and list(received.numpy()) == [0] * size, (out.shape, received)
+    rows = 300000
+    inputs = everyone([rows * size], tf.float32, seed=53)
+    out = ddl.alltoall(tf.constant(inputs[rank]))
+    assert_exact(out.numpy(), alltoall_expected(inputs, [[rows] * size] * size)[0], "large")
+
+
+@case
+def alltoall_in_tf_function_and_traffic():
+    @tf.function
+    def exchange(x, splits):
+        out, received = ddl.alltoall(x, splits=splits)
+        return out * 2, received
+
+    for it in range(3):  # later calls go through the response cache
+        splits = split_matrix(it)
+        inputs = [values(r, [sum(splits[r]), 5], tf.float32, seed=60 + it) for r in range(size)]
+        before = ddl.traffic()["alltoall_bytes"]
+        out, received = exchange(tf.constant(inputs[rank]), tf.constant(splits[rank]))
+        sent = ddl.traffic()["alltoall_bytes"] - before
+        expected, expected_splits = alltoall_expected(inputs, splits)
+        assert_exact(out.numpy(), expected * 2, f"iteration {it}")
+        assert_exact(received.numpy(), expected_splits, f"iteration {it} received_splits")
+        to_others = sum(n for p, n in enumerate(splits[rank]) if p != rank) * 5 * 4
+        assert sent == to_others, (sent, to_others)
+
+
+def _alltoall_grad_check(run):
+    # Rank p weighs what it receives by (p + 1), so the gradient of every
+    # row a rank sent is the weight of the rank it went to.
+    splits = split_matrix(1)
+    x = tf.constant(values(rank, [sum(splits[rank]), 2], tf.float32, seed=70))
+    g = run(lambda t: tf.reduce_sum(ddl.alltoall(t, splits=splits[rank])[0] * (rank + 1.0)), x)
+    expected = np.concatenate([np.full([n, 2], p + 1.0, np.float32)
+                               for p, n in enumerate(splits[rank])])
+    assert_exact(g, expected, "alltoall gradient")
+
+
+@case
+def alltoall_gradient_eager_and_in_tf_function():
+    def eager(fn, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = fn(x)
+        return tape.gradient(loss, x).numpy()
+
+    def traced(fn, x):
+        @tf.function
+        def grad(v):
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                loss = fn(v)
+            return tape.gradient(loss, v)
+        return grad(x).numpy()
+
+    _alltoall_grad_check(eager)
+    _alltoall_grad_check(traced)
+
+
+@case
+def alltoall_errors_on_every_rank():
+    attempts = {
+        # name: (call, words the message must contain)
+        "a2a.trailing": (lambda: ddl.alltoall(tf.zeros([size, 2 + rank % 2]), name="a2a.trailing"),
+                         ["Mismatched alltoall", "shape", "[%d, 2]" % size, "rank 1"]),
+        "a2a.length": (lambda: ddl.alltoall(tf.zeros([3, 2]), splits=[1, 1, 1] + [0] * (size - 2),
+                                            name="a2a.length"), ["splits has", "entries"]),
+        "a2a.sum": (lambda: ddl.alltoall(tf.zeros([size + 1, 2]), splits=[1] * size,
+                                         name="a2a.sum"),
+                    ["splits sum to %d" % size, "first dimension is %d" % (size + 1)]),
+        # Only rank 0's splits are wrong: still every rank fails, naming it.
+        "a2a.sum_one_rank": (lambda: ddl.alltoall(
+            tf.zeros([size, 2]), splits=[size + 1 if rank == 0 else 1] * size,
+            name="a2a.sum_one_rank"), ["splits sum to", "on rank 0"]),
+        "a2a.negative": (lambda: ddl.alltoall(tf.zeros([1, 2]), splits=[2, -1] + [0] * (size - 2),
+                                              name="a2a.negative"), ["splits[1]", "negative"]),
+        "a2a.2d": (lambda: ddl.alltoall(tf.zeros([2, 2]), splits=tf.ones([1, size], tf.int32),
+                                        name="a2a.2d"), ["splits must be a 1-D tensor"]),
+        "a2a.indivisible": (lambda: ddl.alltoall(tf.zeros([size + 1, 2]), name="a2a.indivisible"),
+                            ["divisible", "splits="]),
+        "a2a.scalar": (lambda: ddl.alltoall(tf.constant(1.0), name="a2a.scalar"), ["scalar"]),
+    }
+    for name, (attempt, words) in attempts.items():
+        try:
+            attempt()
+        except tf.errors.InvalidArgumentError as e:
+            msg = str(e)
+            for word in words + [f"'{name}'", f"(rank {rank})"]:
+                assert word in msg, f"{word!r} not in: {msg}"
+        else:
+            raise AssertionError(f"{name} did not raise")
+    try:
+        ddl.alltoall(tf.zeros([size]), splits=[0.5] * size)
+    except TypeError as e:
+        assert "splits" in str(e), e
+    else:
+        raise AssertionError("float splits did not raise")
+    # The engine is still usable afterwards, under the same names.
+    out = ddl.alltoall(tf.ones([size, 2]), name="a2a.trailing")
+    assert_exact(out.numpy(), np.ones([size, 2], np.float32), "after the errors")
+    # Bad splits on one rank under a name the others offer from the
+    # response cache: still an error everywhere, and fine again afterwards.
+    for bad in (False, True, False):
+        splits = [1] * size
+        if bad and rank == size - 1:
+            splits[0] = 2
+        try:
+            out, _ = ddl.alltoall(tf.ones([size, 2]), splits=splits, name="a2a.cached")
+        except tf.errors.InvalidArgumentError as e:
+            assert bad and f"on rank {size - 1}" in str(e), (bad, str(e))
+        else:
+            assert not bad, "bad splits under a cached name did not raise"
+            assert_exact(out.numpy(), np.ones([size, 2], np.float32), "cached name")
 
 
 def _collective_names(concrete):

@@ -379,9 +379,8 @@ def front_door_arguments_map_or_refuse():
         ("comm", lambda: hvd.init(comm=[0])),
         ("process_sets", lambda: hvd.init(process_sets=[hvd.ProcessSet([0])])),
         ("start_timeline", lambda: hvd.start_timeline("/tmp/t.json")),
+        ("alltoall(process_set", lambda: hvd.alltoall(x, process_set=hvd.ProcessSet([0]))),
     ]
-    if not hasattr(ddl, "alltoall"):
-        refusals.append(("alltoall", lambda: hvd.alltoall(x)))
     for word, call in refusals:
         try:
             call()
@@ -389,6 +388,15 @@ def front_door_arguments_map_or_refuse():
             assert word in str(e), (word, str(e))
         else:
             raise AssertionError(f"{word}: no NotImplementedError")
+    # alltoall through the front door: rank r sends r + 1 rows to each rank
+    # (values 10 * r + destination), Horovod's return convention.
+    rows = np.repeat(np.arange(size), rank + 1).astype(np.float32) + 10 * rank
+    out, received = hvd.alltoall(tf.constant(rows), splits=[rank + 1] * size, name="hvd.a2a")
+    want = np.concatenate([np.full(r + 1, 10 * r + rank, np.float32) for r in range(size)])
+    assert_equal(out, want, "hvd.alltoall output")
+    assert_equal(received, np.arange(1, size + 1, dtype=np.int32), "hvd.alltoall received splits")
+    assert_equal(hvd.alltoall(tf.constant(np.arange(size, dtype=np.float32)), name="hvd.a2a.even"),
+                 np.full(size, rank, np.float32), "hvd.alltoall without splits: the tensor")
     # The global set by its ranks is the global set.
     assert_equal(hvd_tf.allreduce(x, op=hvd.Sum, process_set=hvd.ProcessSet(range(size))), total,
                  "ProcessSet(all ranks)")
