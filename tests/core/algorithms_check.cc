@@ -15,23 +15,15 @@
 #include "algorithms/allreduce.h"
 #include "algorithms/pairwise.h"
 #include "algorithms/ring.h"
+#include "check.h"
 #include "in_process.h"
 
 using namespace ddl;
+using ddl_test::Expect;
 using ddl_test::InProcessGroup;
 using ddl_test::InProcessRank;
 
 namespace {
-
-int checks = 0, failures = 0;
-
-void Expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
 
 template <typename T>
 T Apply(ReduceOp op, T a, T b) {
@@ -192,6 +184,5 @@ int main() {
          "a 1 KB call over 4 ranks takes the direct exchange");
   Expect(std::string(ChooseAllreduce(4, 64 << 20).name) == "PAIRWISE_RING_ALLREDUCE",
          "a 64 MB call over 4 ranks takes the pairwise ring");
-  std::printf("%d checks, %d failures\n", checks, failures);
-  return failures ? 1 : 0;
+  return ddl_test::Summary();
 }

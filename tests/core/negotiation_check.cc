@@ -10,23 +10,15 @@
 #include <thread>
 
 #include "engine/controller.h"
+#include "check.h"
 #include "in_process.h"
 
 using namespace ddl;
+using ddl_test::Expect;
 using ddl_test::InProcessGroup;
 using ddl_test::InProcessRank;
 
 namespace {
-
-int checks = 0, failures = 0;
-
-void Expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
 
 Request Make(const std::string& name, int rank, std::vector<int64_t> shape = {4},
              DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
@@ -242,6 +234,5 @@ int main() {
   AStallTimesOutNamingTheMissingRank();
   ShutdownIsSeenByEveryRank();
   ADuplicateNameIsRefusedLocally();
-  std::printf("%d checks, %d failures\n", checks, failures);
-  return failures ? 1 : 0;
+  return ddl_test::Summary();
 }

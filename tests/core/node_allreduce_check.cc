@@ -15,23 +15,15 @@
 #include <random>
 
 #include "algorithms/node_allreduce.h"
+#include "check.h"
 #include "in_process.h"
 
 using namespace ddl;
+using ddl_test::Expect;
 using ddl_test::InProcessGroup;
 using ddl_test::InProcessRank;
 
 namespace {
-
-int checks = 0, failures = 0;
-
-void Expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
 
 float Combine(ReduceOp op, float a, float b) {
   if (op == ReduceOp::kMax) return a < b ? b : a;
@@ -111,6 +103,5 @@ int main() {
       }
     }
   }
-  std::printf("%d checks, %d failures\n", checks, failures);
-  return failures ? 1 : 0;
+  return ddl_test::Summary();
 }

@@ -491,25 +491,31 @@ def _grad_checks(run):
 
 @case
 def gradients_eager_tape():
-    def run(fn, x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = fn(x)
-        return tape.gradient(loss, x).numpy()
-    _grad_checks(run)
+    _grad_checks(_eager_gradient)
 
 
 @case
 def gradients_in_tf_function():
-    def run(fn, x):
-        @tf.function
-        def grad(v):
-            with tf.GradientTape() as tape:
-                tape.watch(v)
-                loss = fn(v)
-            return tape.gradient(loss, v)
-        return grad(x).numpy()
-    _grad_checks(run)
+    _grad_checks(_traced_gradient)
+
+
+def _eager_gradient(fn, x):
+    """d fn(x) / dx under an eager tape, as numpy."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = fn(x)
+    return tape.gradient(loss, x).numpy()
+
+
+def _traced_gradient(fn, x):
+    """d fn(x) / dx computed inside a tf.function, as numpy."""
+    @tf.function
+    def grad(v):
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            loss = fn(v)
+        return tape.gradient(loss, v)
+    return grad(x).numpy()
 
 
 def _in_order(parts, add):
@@ -737,23 +743,8 @@ def _alltoall_grad_check(run):
 
 @case
 def alltoall_gradient_eager_and_in_tf_function():
-    def eager(fn, x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = fn(x)
-        return tape.gradient(loss, x).numpy()
-
-    def traced(fn, x):
-        @tf.function
-        def grad(v):
-            with tf.GradientTape() as tape:
-                tape.watch(v)
-                loss = fn(v)
-            return tape.gradient(loss, v)
-        return grad(x).numpy()
-
-    _alltoall_grad_check(eager)
-    _alltoall_grad_check(traced)
+    _alltoall_grad_check(_eager_gradient)
+    _alltoall_grad_check(_traced_gradient)
 
 
 @case
