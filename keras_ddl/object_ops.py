@@ -23,12 +23,19 @@ def _check_eager(what):
                            f"eagerly, not inside tf.function (rank {basics.rank()})")
 
 
-def _to_bytes(obj, what):
+def _to_bytes(obj):
+    """(uint8 array of the pickled obj, None) or (None, why it failed)."""
     try:
-        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
+                             dtype=np.uint8), None
     except Exception as e:
-        raise TypeError(f"keras_ddl: {what} cannot pickle the object of type "
-                        f"{type(obj).__name__} on rank {basics.rank()}: {e}") from None
+        return None, f"{type(obj).__name__}: {e}"
+
+
+# A length of -1 tells the other ranks that this rank could not pickle its
+# object, so every rank raises instead of some waiting for bytes that never
+# come.
+_FAILED = -1
 
 
 def broadcast_object(obj, root_rank=0, name=None):
@@ -48,10 +55,15 @@ def broadcast_object(obj, root_rank=0, name=None):
     _check_root(root_rank)
     base = auto_name(name, "broadcast_object")
     is_root = basics.rank() == root_rank
-    payload = _to_bytes(obj, "broadcast_object") if is_root else np.zeros([0], np.uint8)
-    length = broadcast(tf.constant([payload.size], tf.int64), root_rank, name=base + ".length")
+    payload, why = _to_bytes(obj) if is_root else (np.zeros([0], np.uint8), None)
+    mine = _FAILED if payload is None else payload.size
+    length = int(broadcast(tf.constant([mine], tf.int64), root_rank,
+                           name=base + ".length").numpy()[0])
+    if length == _FAILED:
+        raise TypeError(f"keras_ddl: broadcast_object: root rank {root_rank} cannot pickle "
+                        f"its object ({why or 'see its error'}); raised on rank {basics.rank()}")
     if not is_root:
-        payload = np.zeros([int(length.numpy()[0])], np.uint8)
+        payload = np.zeros([length], np.uint8)
     data = broadcast(tf.constant(payload), root_rank, name=base + ".bytes")
     return obj if is_root else pickle.loads(data.numpy().tobytes())
 
@@ -68,8 +80,13 @@ def allgather_object(obj, name=None):
     """
     _check_eager("allgather_object")
     base = auto_name(name, "allgather_object")
-    payload = _to_bytes(obj, "allgather_object")
-    lengths = allgather(tf.constant([payload.size], tf.int64), name=base + ".lengths").numpy()
+    payload, why = _to_bytes(obj)
+    mine = _FAILED if payload is None else payload.size
+    lengths = allgather(tf.constant([mine], tf.int64), name=base + ".lengths").numpy()
+    failed = [r for r, n in enumerate(lengths) if n == _FAILED]
+    if failed:
+        raise TypeError(f"keras_ddl: allgather_object: rank(s) {failed} cannot pickle their "
+                        f"object{' (' + why + ')' if why else ''}; raised on rank {basics.rank()}")
     data = allgather(tf.constant(payload), name=base + ".bytes").numpy()
     ends = np.cumsum(lengths)
     return [pickle.loads(data[end - n:end].tobytes()) for n, end in zip(lengths, ends)]

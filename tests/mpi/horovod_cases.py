@@ -165,6 +165,21 @@ def broadcast_object_and_allgather_object():
     assert all(np.array_equal(g["a"], np.full(r + 1, r)) for r, g in enumerate(gathered))
     assert hvd.allgather_object("s" * rank) == ["s" * r for r in range(size)]
     assert ddl.allgather_object(None) == [None] * size
+    # An object one rank cannot pickle fails every rank, naming it, and
+    # the collectives after it still pair up.
+    unpicklable = lambda: None  # noqa: E731
+    for call, words in (
+            (lambda: ddl.broadcast_object(unpicklable if rank == last else 1, root_rank=last,
+                                          name="obj.bad"), f"root rank {last} cannot pickle"),
+            (lambda: ddl.allgather_object(unpicklable if rank == 0 else rank, name="obj.bad2"),
+             "rank(s) [0] cannot pickle")):
+        try:
+            call()
+        except TypeError as e:
+            assert words in str(e) and f"rank {rank}" in str(e), e
+        else:
+            raise AssertionError(f"no error on rank {rank}: {words}")
+    assert ddl.broadcast_object("after", root_rank=0) == "after"
 
 
 @case
