@@ -118,7 +118,8 @@ class InProcessGroup {
 };
 
 // One rank's view of the group. Sends are buffered (they complete at once);
-// a receive completes in Wait.
+// a receive completes in Wait. So a send buffer changed before its Wait,
+// which MPI leaves undefined, goes unnoticed here.
 class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
  public:
   InProcessRank(InProcessGroup& group, int rank) : group_(group), rank_(rank) {}
