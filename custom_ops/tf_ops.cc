@@ -102,6 +102,7 @@ absl::Status UnknownFirstDim(InferenceContext* c) {
 // sends a float32 tensor in that dtype (Compression.fp16 / bf16): the core
 // converts as it packs and unpacks, and sums across nodes in it.
 REGISTER_OP("DdlAllreduce")
+    .Attr("process_set: int = 0")
     .Attr(std::string("T: ") + kTypes)
     .Attr("reduce_op: int")
     .Attr("wire_dtype: int = -1")
@@ -111,6 +112,7 @@ REGISTER_OP("DdlAllreduce")
     .SetShapeFn(SameShapes);
 
 REGISTER_OP("DdlGroupedAllreduce")
+    .Attr("process_set: int = 0")
     .Attr(std::string("T: list(") + kTypes + ") >= 1")
     .Attr("reduce_op: int")
     .Attr("wire_dtype: int = -1")
@@ -120,6 +122,7 @@ REGISTER_OP("DdlGroupedAllreduce")
     .SetShapeFn(SameShapes);
 
 REGISTER_OP("DdlAllgather")
+    .Attr("process_set: int = 0")
     .Attr(std::string("T: ") + kTypes)
     .Input("tensor: T")
     .Input("tensor_name: string")
@@ -127,6 +130,7 @@ REGISTER_OP("DdlAllgather")
     .SetShapeFn(UnknownFirstDim);
 
 REGISTER_OP("DdlBroadcast")
+    .Attr("process_set: int = 0")
     .Attr(std::string("T: ") + kTypes)
     .Attr("root_rank: int")
     .Input("tensor: T")
@@ -135,6 +139,7 @@ REGISTER_OP("DdlBroadcast")
     .SetShapeFn(SameShapes);
 
 REGISTER_OP("DdlReducescatter")
+    .Attr("process_set: int = 0")
     .Attr(std::string("T: ") + kTypes)
     .Attr("reduce_op: int")
     .Input("tensor: T")
@@ -145,6 +150,7 @@ REGISTER_OP("DdlReducescatter")
 // splits: rows of axis 0 for each rank (empty: an even split). Checked by
 // the core in negotiation, so a bad value fails every rank, not this one.
 REGISTER_OP("DdlAlltoall")
+    .Attr("process_set: int = 0")
     .Attr(std::string("T: ") + kTypes)
     .Input("tensor: T")
     .Input("splits: int64")
@@ -165,6 +171,7 @@ REGISTER_OP("DdlAlltoall")
     });
 
 REGISTER_OP("DdlBarrier")
+    .Attr("process_set: int = 0")
     .Input("tensor_name: string")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext*) { return absl::OkStatus(); });
@@ -182,6 +189,7 @@ class CollectiveKernel : public AsyncOpKernel {
       op_ = static_cast<ddl::ReduceOp>(op);
     }
     if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
     if (c->HasAttr("wire_dtype")) {
       OP_REQUIRES_OK(c, c->GetAttr("wire_dtype", &wire_));
       OP_REQUIRES(c, wire_ == -1 || wire_ == static_cast<int>(ddl::DataType::kFloat16) ||
@@ -274,6 +282,7 @@ class CollectiveKernel : public AsyncOpKernel {
   ddl::ReduceOp op_ = ddl::ReduceOp::kSum;
   int root_ = 0;
   int wire_ = -1;
+  int process_set_ = 0;  // 0: every rank (see runtime.h)
 };
 
 // Allreduce and broadcast: output has the input's shape. Broadcast's is
@@ -303,7 +312,7 @@ class SameShapeKernel : public CollectiveKernel {
     }
     auto completion = Completion(ctx, std::move(done), members);
     for (auto& w : works) w.done = completion;
-    ddl::Submit(std::move(works));
+    ddl::Submit(std::move(works), process_set_);
   }
 };
 
@@ -318,7 +327,7 @@ class CoreShapedKernel : public CollectiveKernel {
     OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, CollectiveName(ctx), &works[0]), done);
     works[0].allocate = Allocator(ctx);
     works[0].done = Completion(ctx, std::move(done), 1);
-    ddl::Submit(std::move(works));
+    ddl::Submit(std::move(works), process_set_);
   }
 };
 
@@ -358,7 +367,7 @@ class AlltoallKernel : public CollectiveKernel {
       return ddl::Status::Ok();
     };
     w.done = Completion(ctx, std::move(done), 1);
-    ddl::Submit(std::move(works));
+    ddl::Submit(std::move(works), process_set_);
   }
 };
 
@@ -372,7 +381,7 @@ class BarrierKernel : public CollectiveKernel {
     works[0].name = CollectiveName(ctx);
     works[0].collective = ddl::Collective::kBarrier;
     works[0].done = Completion(ctx, std::move(done), 1);
-    ddl::Submit(std::move(works));
+    ddl::Submit(std::move(works), process_set_);
   }
 };
 

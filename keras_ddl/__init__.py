@@ -75,6 +75,7 @@ from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum,  # noq
                   grouped_allreduce, grouped_reducescatter, local_rank_op, local_size_op, rank_op,
                   reducescatter, size_op)
 from .object_ops import allgather_object, broadcast_object  # noqa: E402
+from .process_sets import ProcessSet, add_process_set, global_process_set  # noqa: E402
 from .optimizer import (DistributedGradientTape, DistributedOptimizer,  # noqa: E402
                         PartialDistributedGradientTape, PartialDistributedOptimizer)
 from .sync_batch_norm import SyncBatchNormalization  # noqa: E402

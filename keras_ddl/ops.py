@@ -14,7 +14,7 @@ import weakref
 
 import tensorflow as tf
 
-from . import _private_api, basics
+from . import _private_api, basics, process_sets
 from ._validation import check_rank_argument
 
 
@@ -57,7 +57,7 @@ _SUPPORTED_SET = frozenset(SUPPORTED_DTYPES)
 
 _lib = None
 _lib_lock = threading.Lock()
-_eager_names = itertools.count()
+_eager_names = {}  # process set id -> counter of unnamed eager collectives
 
 
 def op_library():
@@ -141,21 +141,26 @@ _graph_names = weakref.WeakKeyDictionary()
 _graph_order = itertools.count()
 
 
-def auto_name(name, kind):
+def auto_name(name, kind, set_id=0):
     """``name``, or when it is None the name an unnamed collective of this
-    ``kind`` gets here (see ``_name_input``); a string."""
+    ``kind`` gets here (see ``_name_input``); a string. Each process set
+    numbers its own: a rank outside a set makes none of its calls, and its
+    numbering of the others must not shift."""
     if name is not None:
         return name
+    prefix = f"set{set_id}." if set_id else ""
     if tf.executing_eagerly():
-        return f"{kind}.{next(_eager_names)}"
+        counter = _eager_names.setdefault(set_id, itertools.count())
+        return f"{prefix}{kind}.{next(counter)}"
     graph = tf.compat.v1.get_default_graph()
     entry = _graph_names.get(graph)
     if entry is None:
-        entry = _graph_names[graph] = (next(_graph_order), itertools.count())
-    return f"graph{entry[0]}.{kind}.{next(entry[1])}"
+        entry = _graph_names[graph] = (next(_graph_order), {})
+    counter = entry[1].setdefault(set_id, itertools.count())
+    return f"{prefix}graph{entry[0]}.{kind}.{next(counter)}"
 
 
-def _name_input(name, kind, carried=None):
+def _name_input(name, kind, carried=None, set_id=0):
     """The op's tensor_name input.
 
     ``carried``: the dtype of a tensor that travels as another (CARRIED_AS);
@@ -171,7 +176,7 @@ def _name_input(name, kind, carried=None):
     steps, a retrace) never share a name: ranks out of step then wait for
     each other and are reported, instead of pairing unrelated tensors.
     """
-    name = auto_name(name, kind)
+    name = auto_name(name, kind, set_id)
     if carried is not None:
         name = f"{name}.{carried.name}"
     if not tf.executing_eagerly():
@@ -257,7 +262,7 @@ def scale(tensor, factor):
 
 @_not_converted
 def allreduce(tensor, op=Average, name=None, compression=Compression.none,
-              prescale_factor=1.0, postscale_factor=1.0):
+              prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Reduces ``tensor`` over all ranks; every rank gets the same result.
 
     Results are bitwise identical on every rank. ``Average`` divides the sum
@@ -278,17 +283,19 @@ def allreduce(tensor, op=Average, name=None, compression=Compression.none,
     postscale_factor = _check_factor(postscale_factor, "postscale_factor")
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, name, "tensor", prescale_factor,
-                                         postscale_factor)
+                                         postscale_factor, process_set)
     tensor = _to_tensor(tensor, "tensor")
     _check_tensor(tensor, "tensor", op)
     wire, original = compression.compress(scale(tensor, prescale_factor))
-    out = op_library().ddl_allreduce(wire, _name_input(name, "allreduce"), reduce_op=int(op),
+    ps = process_sets.set_id(process_set, "allreduce")
+    out = op_library().ddl_allreduce(wire, _name_input(name, "allreduce", set_id=ps),
+                                     reduce_op=int(op), process_set=ps,
                                      wire_dtype=compression.engine_wire(tensor))
     return scale(compression.decompress(out, original), postscale_factor)
 
 
 def _allreduce_indexed_slices(slices, op, name, argument, prescale_factor=1.0,
-                              postscale_factor=1.0):
+                              postscale_factor=1.0, process_set=None):
     # Sparse gradients (embeddings) are gathered, not densified: the sum of
     # IndexedSlices is the concatenation of their rows.
     op = ReduceOp(op)
@@ -299,18 +306,20 @@ def _allreduce_indexed_slices(slices, op, name, argument, prescale_factor=1.0,
         raise TypeError(f"keras_ddl: op=Average of the integer IndexedSlices {argument} "
                         f"(dtype {slices.values.dtype.name}, rank {basics.rank()}) would "
                         "not be exact; use Sum")
-    base = auto_name(name, "allreduce_slices")
-    values = allgather(scale(slices.values, prescale_factor), name=base + ".values")
-    indices = allgather(slices.indices, name=base + ".indices")
+    base = auto_name(name, "allreduce_slices", process_sets.set_id(process_set, "allreduce"))
+    values = allgather(scale(slices.values, prescale_factor), name=base + ".values",
+                       process_set=process_set)
+    indices = allgather(slices.indices, name=base + ".indices", process_set=process_set)
     if op == Average:
-        values = values / tf.cast(basics.size(), values.dtype)
+        values = values / tf.cast(process_sets.set_size(process_set), values.dtype)
     return tf.IndexedSlices(scale(values, postscale_factor), indices,
                             dense_shape=slices.dense_shape)
 
 
 @_not_converted
 def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.none,
-                      prescale_factor=1.0, postscale_factor=1.0, sparse_as_dense=False):
+                      prescale_factor=1.0, postscale_factor=1.0, sparse_as_dense=False,
+                      process_set=None):
     """Allreduces a list of tensors in one negotiation and fused transfers.
 
     Args:
@@ -332,16 +341,17 @@ def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.no
         return []
     sparse = [i for i, t in enumerate(tensors)
               if isinstance(t, tf.IndexedSlices) and not sparse_as_dense]
+    ps = process_sets.set_id(process_set, "grouped_allreduce")
     if sparse:
-        base = auto_name(name, "grouped_allreduce")
+        base = auto_name(name, "grouped_allreduce", ps)
         out = [None] * len(tensors)
         for i in sparse:
             out[i] = _allreduce_indexed_slices(tensors[i], op, f"{base}.slices{i}",
                                                f"tensors[{i}]", prescale_factor,
-                                               postscale_factor)
+                                               postscale_factor, process_set)
         dense = [i for i in range(len(tensors)) if i not in sparse]
         reduced = grouped_allreduce([tensors[i] for i in dense], op, base, compression,
-                                    prescale_factor, postscale_factor)
+                                    prescale_factor, postscale_factor, process_set=process_set)
         for i, r in zip(dense, reduced):
             out[i] = r
         return out
@@ -355,13 +365,14 @@ def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.no
     # One attribute for the op: it applies to the float32 members only.
     engine_wire = max(compression.engine_wire(t) for t in tensors)
     outs = op_library().ddl_grouped_allreduce(
-        wires, _name_input(name, "grouped_allreduce"), reduce_op=int(op), wire_dtype=engine_wire)
+        wires, _name_input(name, "grouped_allreduce", set_id=ps), reduce_op=int(op),
+        wire_dtype=engine_wire, process_set=ps)
     return [scale(compression.decompress(o, orig), postscale_factor)
             for o, orig in zip(outs, originals)]
 
 
 @_not_converted
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=None):
     """Concatenates every rank's ``tensor`` along axis 0 (in rank order).
 
     The first dimension may differ between ranks; the others must match.
@@ -369,22 +380,26 @@ def allgather(tensor, name=None):
     """
     tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
     _check_tensor(tensor, "tensor")
-    return _from_wire(op_library().ddl_allgather(tensor, _name_input(name, "allgather", dtype)),
-                      dtype)
+    ps = process_sets.set_id(process_set, "allgather")
+    return _from_wire(op_library().ddl_allgather(
+        tensor, _name_input(name, "allgather", dtype, ps), process_set=ps), dtype)
 
 
 @_not_converted
-def broadcast(tensor, root_rank=0, name=None):
+def broadcast(tensor, root_rank=0, name=None, process_set=None):
     """Returns ``root_rank``'s ``tensor`` on every rank."""
     tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
     _check_tensor(tensor, "tensor")
     _check_root(root_rank)
-    return _from_wire(op_library().ddl_broadcast(tensor, _name_input(name, "broadcast", dtype),
-                                                 root_rank=int(root_rank)), dtype)
+    ps = process_sets.set_id(process_set, "broadcast")
+    root = process_sets.root_in_set(root_rank, process_set, "broadcast")
+    return _from_wire(op_library().ddl_broadcast(tensor, _name_input(name, "broadcast", dtype, ps),
+                                                 root_rank=int(root), process_set=ps), dtype)
 
 
 @_not_converted
-def reducescatter(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                  process_set=None):
     """Reduces over ranks and returns this rank's block of rows of axis 0.
 
     Rows are split as evenly as possible: the first ``rows % size`` ranks
@@ -395,13 +410,15 @@ def reducescatter(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_fact
     postscale_factor = _check_factor(postscale_factor, "postscale_factor")
     tensor = _to_tensor(tensor, "tensor")
     _check_tensor(tensor, "tensor", op)
+    ps = process_sets.set_id(process_set, "reducescatter")
     out = op_library().ddl_reducescatter(scale(tensor, prescale_factor),
-                                         _name_input(name, "reducescatter"), reduce_op=int(op))
+                                         _name_input(name, "reducescatter", set_id=ps),
+                                         reduce_op=int(op), process_set=ps)
     return scale(out, postscale_factor)
 
 
 @_not_converted
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=None):
     """Sends rows of axis 0 to every rank and gathers the rows every rank
     sends to this one, as Horovod's ``alltoall``.
 
@@ -418,8 +435,10 @@ def alltoall(tensor, splits=None, name=None):
     """
     tensor, dtype = _to_wire(_to_tensor(tensor, "tensor"))
     _check_tensor(tensor, "tensor")
+    ps = process_sets.set_id(process_set, "alltoall")
     out, received = op_library().ddl_alltoall(tensor, _splits_input(splits),
-                                              _name_input(name, "alltoall", dtype))
+                                              _name_input(name, "alltoall", dtype, ps),
+                                              process_set=ps)
     out = _from_wire(out, dtype)
     return out if splits is None else (out, received)
 
@@ -444,9 +463,10 @@ def _splits_input(splits):
 
 
 @_not_converted
-def barrier(name=None):
+def barrier(name=None, process_set=None):
     """Returns once every rank has called ``barrier``."""
-    op_library().ddl_barrier(_name_input(name, "barrier"))
+    ps = process_sets.set_id(process_set, "barrier")
+    op_library().ddl_barrier(_name_input(name, "barrier", set_id=ps), process_set=ps)
 
 
 def _check_root(root_rank, owner="keras_ddl"):
@@ -579,8 +599,9 @@ def _allreduce_grad(op, grad):
     reduce_op = ReduceOp(op.get_attr("reduce_op"))
     if reduce_op not in (Sum, Average):
         raise LookupError(f"keras_ddl: allreduce with op={reduce_op.name} has no gradient")
-    return [op_library().ddl_allreduce(grad, _name_input(None, "allreduce.grad"),
-                                       reduce_op=int(reduce_op),
+    ps = op.get_attr("process_set")
+    return [op_library().ddl_allreduce(grad, _name_input(None, "allreduce.grad", set_id=ps),
+                                       reduce_op=int(reduce_op), process_set=ps,
                                        wire_dtype=op.get_attr("wire_dtype")), None]
 
 
@@ -590,9 +611,10 @@ def _grouped_allreduce_grad(op, *grads):
     if reduce_op not in (Sum, Average):
         raise LookupError(f"keras_ddl: grouped_allreduce with op={reduce_op.name} has no gradient")
     grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs[:-1])]
+    ps = op.get_attr("process_set")
     reduced = op_library().ddl_grouped_allreduce(
-        grads, _name_input(None, "grouped_allreduce.grad"), reduce_op=int(reduce_op),
-        wire_dtype=op.get_attr("wire_dtype"))
+        grads, _name_input(None, "grouped_allreduce.grad", set_id=ps), reduce_op=int(reduce_op),
+        wire_dtype=op.get_attr("wire_dtype"), process_set=ps)
     return list(reduced) + [None]
 
 
@@ -601,23 +623,27 @@ def _allgather_grad(op, grad):
     # d(sum of every rank's loss)/d(my rows) = the sum over ranks of the
     # gradient rows that came from this rank.
     x = op.inputs[0]
-    summed = op_library().ddl_allreduce(grad, _name_input(None, "allgather.grad"),
-                                        reduce_op=int(Sum))
+    ps = op.get_attr("process_set")
+    me = process_sets.rank_in(ps)
+    summed = op_library().ddl_allreduce(grad, _name_input(None, "allgather.grad", set_id=ps),
+                                        reduce_op=int(Sum), process_set=ps)
     if x.shape.rank == 0:
-        return [summed[basics.rank()], None]
+        return [summed[me], None]
     rows = op_library().ddl_allgather(tf.shape(x, out_type=tf.int64)[:1],
-                                      _name_input(None, "allgather.grad.rows"))
-    offset = tf.reduce_sum(rows[:basics.rank()])
+                                      _name_input(None, "allgather.grad.rows", set_id=ps),
+                                      process_set=ps)
+    offset = tf.reduce_sum(rows[:me])
     return [tf.slice(summed, tf.concat([[offset], tf.zeros([tf.rank(x) - 1], tf.int64)], 0),
                      tf.shape(x, out_type=tf.int64)), None]
 
 
 @tf.RegisterGradient("DdlBroadcast")
 def _broadcast_grad(op, grad):
-    root = op.get_attr("root_rank")
-    summed = op_library().ddl_allreduce(grad, _name_input(None, "broadcast.grad"),
-                                        reduce_op=int(Sum))
-    if basics.rank() == root:
+    root = op.get_attr("root_rank")  # the set's index of the root
+    ps = op.get_attr("process_set")
+    summed = op_library().ddl_allreduce(grad, _name_input(None, "broadcast.grad", set_id=ps),
+                                        reduce_op=int(Sum), process_set=ps)
+    if process_sets.rank_in(ps) == root:
         return [summed, None]
     # Non-roots discard the sum but must still take part in it. The zeros are
     # computed from it (multiply_no_nan gives 0 even for inf/nan) so no graph
@@ -631,8 +657,10 @@ def _alltoall_grad(op, grad, _received_splits_grad):
     # Row i of my output came from some rank's input; sending the output's
     # gradient back along the same routes (received_splits as the splits)
     # returns every row's gradient to the rank and place it came from.
+    ps = op.get_attr("process_set")
     back, _ = op_library().ddl_alltoall(grad, tf.cast(op.outputs[1], tf.int64),
-                                        _name_input(None, "alltoall.grad"))
+                                        _name_input(None, "alltoall.grad", set_id=ps),
+                                        process_set=ps)
     return [back, None, None]
 
 
@@ -641,7 +669,9 @@ def _reducescatter_grad(op, grad):
     reduce_op = ReduceOp(op.get_attr("reduce_op"))
     if reduce_op not in (Sum, Average):
         raise LookupError(f"keras_ddl: reducescatter with op={reduce_op.name} has no gradient")
-    gathered = op_library().ddl_allgather(grad, _name_input(None, "reducescatter.grad"))
+    ps = op.get_attr("process_set")
+    gathered = op_library().ddl_allgather(grad, _name_input(None, "reducescatter.grad", set_id=ps),
+                                          process_set=ps)
     if reduce_op == Average:
-        gathered = gathered / tf.cast(basics.size(), gathered.dtype)
+        gathered = gathered / tf.cast(process_sets.size_of(ps), gathered.dtype)
     return [gathered, None]

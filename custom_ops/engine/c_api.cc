@@ -2,6 +2,7 @@
 // uses these for init/shutdown/topology and for tests of the kernels).
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../common/reduce_kernels.h"
 #include "runtime.h"
@@ -57,6 +58,27 @@ int ddl_cross_size() { return Query([](const ddl::Context& c) { return c.cross_s
 // 0 = flat ring over MPI, 1 = one node's shared memory, 2 = hierarchical.
 int ddl_allreduce_algorithm() {
   return Query([](const ddl::Context& c) { return c.node_memory ? (c.hierarchical ? 2 : 1) : 0; });
+}
+
+// Collective over every rank: a process set of the `n` world ranks in
+// `ranks` (sorted, distinct, the same on every rank); its id in *id.
+int ddl_add_process_set(const int* ranks, int n, int* id) {
+  return Guarded([&] {
+    return Report(ddl::AddProcessSet(std::vector<int>(ranks, ranks + n), id));
+  });
+}
+
+// This rank's rank in process set `id`, and the set's size; -1 when this
+// rank is not a member or the set does not exist.
+int ddl_process_set_rank(int id) {
+  std::string why;
+  auto engine = ddl::EngineOf(id, &why);
+  return engine ? engine->context().rank : -1;
+}
+int ddl_process_set_size(int id) {
+  std::string why;
+  auto engine = ddl::EngineOf(id, &why);
+  return engine ? engine->context().size : -1;
 }
 
 // Adds a marker to rank 0's timeline (no-op elsewhere or without one).

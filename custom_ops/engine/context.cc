@@ -28,7 +28,7 @@ Status Context::ChooseAllreduce() {
     if (!homogeneous) {
       return Status::InvalidArgument(
           "DDL_ALLREDUCE=hierarchical needs the same number of ranks on every node, but local "
-          "sizes differ; use DDL_ALLREDUCE=flat or auto" + OnRank(rank));
+          "sizes differ; use DDL_ALLREDUCE=flat or auto" + Where());
     }
     use_node_memory = true;
   } else if (algo == AllreduceAlgorithm::kAuto) {
@@ -48,7 +48,7 @@ Status Context::ChooseAllreduce() {
     return Status::InvalidArgument(
         "the ranks of a node (DDL_LOCAL_SIZE=" + std::to_string(local_size) +
         ") do not all share memory on one machine; use a DDL_LOCAL_SIZE that divides the ranks "
-        "per machine, or DDL_ALLREDUCE=flat" + OnRank(rank));
+        "per machine, or DDL_ALLREDUCE=flat" + Where());
   }
   // A name unique to this job (rank 0's pid and clock) and node (the world
   // rank of its local rank 0).
@@ -63,7 +63,7 @@ Status Context::ChooseAllreduce() {
                                    cross_size > 1 ? kCrossNodeChunkBytes : kNodeChunkBytes,
                                    kNodeSlots);
   } catch (const TransportError& e) {
-    return Status::Internal(std::string(e.what()) + OnRank(rank));
+    return Status::Internal(std::string(e.what()) + Where());
   }
   node_memory->SetPeerTimeout(config.peer_timeout_s);
   hierarchical = cross_size > 1;
@@ -112,6 +112,59 @@ Status Context::AgreeOnConfig(Context* ctx) {
                                  std::to_string(ctx->rank) + ")");
 }
 
+std::string Context::Where() const {
+  if (process_set == 0) return OnRank(world_rank);
+  return " (rank " + std::to_string(world_rank) + ", process set " + std::to_string(process_set) +
+         ")";
+}
+
+Status Context::CreateForGroup(MPI_Comm group, int process_set, const Config& config,
+                               std::unique_ptr<Context>* out) {
+  auto ctx = std::make_unique<Context>();
+  MPI_Comm_rank(MPI_COMM_WORLD, &ctx->world_rank);
+  MPI_Comm_rank(group, &ctx->rank);
+  MPI_Comm_size(group, &ctx->size);
+  ctx->process_set = process_set;
+  ctx->config = config;
+  ctx->config.timeline_path.clear();  // the global context's timeline only
+  Status s = ctx->Build(group);
+  if (!s.ok()) return s;
+  *out = std::move(ctx);
+  return Status::Ok();
+}
+
+Status Context::Build(MPI_Comm base) {
+  Context* ctx = this;
+  ctx->world = std::make_unique<MpiTransport>(base);
+  MPI_Comm world = base;
+
+  // Nodes are cut by world rank, so a process set's node groups are the
+  // job's nodes restricted to the set.
+  MPI_Comm local;
+  if (ctx->config.local_size > 0) {
+    MPI_Comm_split(world, ctx->world_rank / ctx->config.local_size, ctx->rank, &local);
+  } else {
+    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
+  }
+  ctx->local = std::make_unique<MpiTransport>(local);
+  ctx->local_rank = ctx->local->rank();
+  ctx->local_size = ctx->local->size();
+
+  MPI_Comm cross;
+  MPI_Comm_split(world, ctx->local_rank, ctx->rank, &cross);
+  ctx->cross = std::make_unique<MpiTransport>(cross);
+  ctx->cross_rank = ctx->cross->rank();
+  ctx->cross_size = ctx->cross->size();
+
+  for (MpiTransport* t : {ctx->world.get(), ctx->local.get(), ctx->cross.get()}) {
+    t->SetPeerTimeout(ctx->config.peer_timeout_s);
+    t->SetSpinPolls(ctx->config.spin_polls);
+  }
+  std::vector<int64_t> local_sizes = ctx->world->AllgatherInt64(ctx->local_size);
+  for (int64_t n : local_sizes) ctx->homogeneous &= (n == ctx->local_size);
+  return ctx->ChooseAllreduce();
+}
+
 Status Context::Create(std::unique_ptr<Context>* out) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -135,38 +188,14 @@ Status Context::Create(std::unique_ptr<Context>* out) {
         " but keras_ddl needs MPI_THREAD_MULTIPLE; initialise MPI through keras_ddl.init() "
         "or mpi4py's default thread level" + OnRank(ctx->rank));
   }
+  ctx->world_rank = ctx->rank;
   Status s = AgreeOnConfig(ctx.get());
   if (!s.ok()) return s;
-
   // Every collective call of the background thread goes through its own
   // duplicate, so user traffic on MPI_COMM_WORLD can never match ours.
   MPI_Comm world;
   MPI_Comm_dup(MPI_COMM_WORLD, &world);
-  ctx->world = std::make_unique<MpiTransport>(world);
-
-  MPI_Comm local;
-  if (ctx->config.local_size > 0) {
-    MPI_Comm_split(world, ctx->rank / ctx->config.local_size, ctx->rank, &local);
-  } else {
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
-  }
-  ctx->local = std::make_unique<MpiTransport>(local);
-  ctx->local_rank = ctx->local->rank();
-  ctx->local_size = ctx->local->size();
-
-  MPI_Comm cross;
-  MPI_Comm_split(world, ctx->local_rank, ctx->rank, &cross);
-  ctx->cross = std::make_unique<MpiTransport>(cross);
-  ctx->cross_rank = ctx->cross->rank();
-  ctx->cross_size = ctx->cross->size();
-
-  for (MpiTransport* t : {ctx->world.get(), ctx->local.get(), ctx->cross.get()}) {
-    t->SetPeerTimeout(ctx->config.peer_timeout_s);
-    t->SetSpinPolls(ctx->config.spin_polls);
-  }
-  std::vector<int64_t> local_sizes = ctx->world->AllgatherInt64(ctx->local_size);
-  for (int64_t n : local_sizes) ctx->homogeneous &= (n == ctx->local_size);
-  s = ctx->ChooseAllreduce();
+  s = ctx->Build(world);
   if (!s.ok()) return s;
   *out = std::move(ctx);
   return Status::Ok();

@@ -14,8 +14,10 @@
 namespace ddl {
 
 struct Context {
-  int rank = 0;
+  int rank = 0;  // in this context's group: the world, or a process set
   int size = 1;
+  int world_rank = 0;
+  int process_set = 0;  // 0: every rank; otherwise the id AddProcessSet gave
   int local_rank = 0;
   int local_size = 1;
   int cross_rank = 0;
@@ -38,8 +40,19 @@ struct Context {
   // Python may call MPI through mpi4py while the engine thread runs), reads
   // the configuration and splits the world into node and cross groups.
   static Status Create(std::unique_ptr<Context>* out);
+  // A context over the ranks of `group` (a communicator this process is a
+  // member of; taken over), with `config` already agreed by every rank.
+  static Status CreateForGroup(MPI_Comm group, int process_set, const Config& config,
+                               std::unique_ptr<Context>* out);
+
+  // " (rank R)" or " (rank R, process set N)": appended to every message a
+  // user may see, with R the rank in the whole job.
+  std::string Where() const;
 
  private:
+  // Splits `base` (a duplicate, owned from now on) into node and cross
+  // groups and chooses the allreduce.
+  Status Build(MPI_Comm base);
   static Status AgreeOnConfig(Context* ctx);
   // Applies DDL_ALLREDUCE to the topology; sets up node_memory if used.
   Status ChooseAllreduce();

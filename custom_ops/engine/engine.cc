@@ -85,7 +85,7 @@ void Engine::AbortOnDataPathFailure(const std::exception& e) {
                "now (exit code %d) so that the job ends instead of hanging%s\n",
                unix_seconds, e.what(),
                names.empty() ? "" : ("Unreachable: rank(s) [" + names + "]. ").c_str(),
-               kDataPathFailureExitCode, OnRank(ctx_->rank).c_str());
+               kDataPathFailureExitCode, ctx_->Where().c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   // The pending works are never finished, so the framework keeps their
@@ -158,7 +158,7 @@ Engine::Engine(std::unique_ptr<Context> ctx)
 Engine::~Engine() { Shutdown(); }
 
 Status Engine::Validate(const Work& w) const {
-  const std::string where = " for tensor '" + w.name + "'" + OnRank(ctx_->rank);
+  const std::string where = " for tensor '" + w.name + "'" + ctx_->Where();
   if (w.name.empty()) return Status::InvalidArgument("collective without a name" + where);
   for (int64_t d : w.shape) {
     if (d < 0) return Status::InvalidArgument("negative dimension in shape " + ShapeString(w.shape) + where);
@@ -236,7 +236,7 @@ void Engine::Admit(Work work) {
   r.invalid = work.invalid;
   if (!controller_.Offer(r)) {
     Finish(work, Status::InvalidArgument(
-        "a collective named '" + work.name + "' is already in flight" + OnRank(ctx_->rank) +
+        "a collective named '" + work.name + "' is already in flight" + ctx_->Where() +
         "; concurrent collectives need distinct names"));
     return;
   }
@@ -251,7 +251,7 @@ void Engine::Loop() {
   } catch (const std::exception& e) {
     if (dynamic_cast<const PeerTimeout*>(&e)) peer_failure_seen = true;
     std::string message = std::string("keras_ddl communication failed: ") + e.what() +
-                          "; a rank may have died" + OnRank(ctx_->rank);
+                          "; a rank may have died" + ctx_->Where();
     std::fprintf(stderr, "[keras_ddl] %s\n", message.c_str());
     std::fflush(stderr);
     FailAll(Status::Aborted(message));
@@ -286,7 +286,7 @@ bool Engine::RunCycle() {
     outcome = controller_.Negotiate(shutdown_requested_);
   } catch (const PeerTimeout&) {
     peer_failure_seen = true;
-    std::string verdict = DiagnoseSilentPeers() + OnRank(ctx_->rank);
+    std::string verdict = DiagnoseSilentPeers() + ctx_->Where();
     std::fprintf(stderr, "[keras_ddl] %s\n", verdict.c_str());
     std::fflush(stderr);
     FailAll(Status::Aborted(verdict));
@@ -294,7 +294,7 @@ bool Engine::RunCycle() {
   }
   for (const auto& [name, message] : outcome.refused) {
     auto it = works_.find(name);
-    Finish(it->second, Status::InvalidArgument(message + OnRank(ctx_->rank)));
+    Finish(it->second, Status::InvalidArgument(message + ctx_->Where()));
     works_.erase(it);
   }
   std::vector<Work> runnable;
@@ -316,14 +316,14 @@ bool Engine::RunCycle() {
   idle_cycles_ = idle ? idle_cycles_ + 1 : 0;
 
   if (!outcome.fatal.empty()) {
-    FailAll(Status::DeadlineExceeded("keras_ddl aborted the job: " + outcome.fatal + OnRank(ctx_->rank)));
+    FailAll(Status::DeadlineExceeded("keras_ddl aborted the job: " + outcome.fatal + ctx_->Where()));
     return false;
   }
   if (outcome.shutdown) {
     FailAll(Status::Aborted("keras_ddl has been shut down on " + RanksShuttingDown() +
                             ": a collective cannot run after ddl.shutdown() or once any rank "
                             "has shut down (an uncaught exception or exit ends keras_ddl on "
-                            "its rank)" + OnRank(ctx_->rank)));
+                            "its rank)" + ctx_->Where()));
     return false;
   }
   return true;

@@ -1,20 +1,34 @@
-// The process's one running engine. Framework bindings (the TensorFlow op
-// file, the ctypes C API) reach the engine only through these functions.
+// The process's running engines: the global one (every rank) and one per
+// process set this rank belongs to. Framework bindings (the TensorFlow op
+// file, the ctypes C API) reach the engines only through these functions.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "engine.h"
 
 namespace ddl {
 
-// Starts the engine unless it is running (idempotent).
+// Starts the global engine unless it is running (idempotent).
 Status Initialize();
-// Stops the engine (idempotent); in-flight collectives fail with Aborted.
+// Stops every engine (idempotent); in-flight collectives fail with Aborted.
 void Shutdown();
-// The running engine, or null. Shared so an op racing Shutdown stays valid.
+// The running global engine, or null. Shared so an op racing Shutdown
+// stays valid.
 std::shared_ptr<Engine> CurrentEngine();
-// Enqueues, or fails every work with FailedPrecondition if not initialised.
-void Submit(std::vector<Work> works);
+
+// Collective over every rank of the job, which must all pass the same
+// sorted, distinct world ranks: a process set of those ranks, with its own
+// engine on its members. *id receives the set's number (the same on every
+// rank; the global set is 0).
+Status AddProcessSet(const std::vector<int>& ranks, int* id);
+// The engine of process set `id` on this rank: null with *why set when
+// the set does not exist or this rank is not a member.
+std::shared_ptr<Engine> EngineOf(int id, std::string* why);
+
+// Enqueues to process set `set`'s engine, or fails every work (not
+// initialised, unknown set, or this rank is not a member).
+void Submit(std::vector<Work> works, int set = 0);
 
 }  // namespace ddl

@@ -3,6 +3,7 @@ tests/test_collectives_mpi.py under mpiexec with 2 and 3 ranks)."""
 
 import hashlib
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -834,6 +835,65 @@ def unnamed_collectives_of_two_functions_never_share_a_name():
     assert len(a) == 2 and len(b) == 2 and len(set(a)) == 2, (a, b)
     assert not set(a) & set(b), (a, b)
     assert MPI.COMM_WORLD.allgather((a, b)) == [(a, b)] * size, "names differ between ranks"
+
+
+@case
+def process_set_without_rank_1():
+    """A set of every rank but 1 reduces, gathers, broadcasts and
+    differentiates among itself while rank 1 does something else; unnamed
+    calls in the set do not shift the world's numbering; rank 1 is refused
+    the set's ops; a list that differs between ranks is refused everywhere."""
+    members = [r for r in range(size) if r != 1]
+    ps = ddl.add_process_set(members)
+    assert ps.included() == (rank != 1) and ps.size() == len(members)
+    if ps.included():
+        me = members.index(rank)
+        x = values(rank, [5], tf.float32, seed=31)
+        everyone = [values(r, [5], tf.float32, seed=31) for r in members]
+        assert_exact(ddl.allreduce(tf.constant(x), op=ddl.Sum, process_set=ps).numpy(),
+                     _in_order(everyone, np.add), "set allreduce Sum")
+        got = ddl.allreduce(tf.constant(x), process_set=ps).numpy()  # unnamed, Average
+        assert_exact(got, _in_order(everyone, np.add) / np.float32(len(members)), "set Average")
+        assert_exact(ddl.allgather(tf.constant([rank, rank]), process_set=ps).numpy(),
+                     np.repeat(np.array(members, np.int32), 2), "set allgather")
+        root = members[-1]
+        assert_exact(ddl.broadcast(tf.constant(x), root_rank=root, process_set=ps).numpy(),
+                     values(root, [5], tf.float32, seed=31), "set broadcast, world root rank")
+        try:
+            ddl.broadcast(tf.constant(x), root_rank=1, process_set=ps)
+        except ValueError as e:
+            assert "root_rank=1" in str(e) and "not in" in str(e), e
+        else:
+            raise AssertionError("a root outside the set was accepted")
+
+        @tf.function
+        def grad(v):
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                loss = tf.reduce_sum(ddl.allreduce(v, op=ddl.Sum, process_set=ps) *
+                                     float(me + 1))
+            return tape.gradient(loss, v)
+
+        weights = sum(range(1, len(members) + 1))
+        assert_exact(grad(tf.constant(x)).numpy(), np.full([5], weights, np.float32),
+                     "set allreduce gradient in tf.function")
+    else:
+        time.sleep(0.2)  # something else
+        try:
+            ddl.allreduce(tf.ones([2]), process_set=ps)
+        except tf.errors.FailedPreconditionError as e:
+            assert "not a member of process set" in str(e) and f"(rank {rank})" in str(e), e
+        else:
+            raise AssertionError("rank 1 ran a collective of a set it is not in")
+    # The world's unnamed numbering is the same on every rank afterwards.
+    assert_exact(ddl.allreduce(tf.ones([2]), op=ddl.Sum).numpy(), np.full([2], size, np.float32),
+                 "world allreduce after the set's calls")
+    try:
+        ddl.add_process_set([0] if rank == 0 else [0, size - 1])
+    except ValueError as e:
+        assert "differ" in str(e) and f"rank {rank}" in str(e), e
+    else:
+        raise AssertionError("differing process set lists were accepted")
 
 
 if __name__ == "__main__":
