@@ -469,9 +469,9 @@ def barrier(name=None, process_set=None):
     op_library().ddl_barrier(_name_input(name, "barrier", set_id=ps), process_set=ps)
 
 
-def _check_root(root_rank, owner="keras_ddl"):
+def _check_root(root_rank):
     # Its range is checked in negotiation, where every rank gets the error.
-    check_rank_argument(root_rank, "root_rank", owner)
+    check_rank_argument(root_rank)
 
 
 _broadcast_calls = itertools.count()

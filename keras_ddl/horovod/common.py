@@ -5,39 +5,16 @@ import keras_ddl as ddl
 from keras_ddl import basics
 
 
-class ProcessSet:
-    """A set of ranks. Only the global set (every rank) is supported.
-
-    Args:
-        ranks: The ranks of the set (a list of ints).
-    """
-
-    def __init__(self, ranks):
-        self.ranks = sorted(int(r) for r in ranks)
-        self.process_set_id = None
+class ProcessSet(ddl.ProcessSet):
+    """Horovod's ProcessSet: keras_ddl's (ranks, included, rank, size). The
+    front door runs collectives over the global set only; a set naming
+    every rank counts as it."""
 
     def _is_global(self):
-        return self is global_process_set or self.ranks == list(range(basics.size()))
-
-    def size(self):
-        """Number of ranks in the set."""
-        return basics.size() if self is global_process_set else len(self.ranks)
-
-    def rank(self):
-        """This process's rank in the set."""
-        return basics.rank() if self._is_global() else self.ranks.index(basics.rank())
-
-    def included(self):
-        """Whether this process belongs to the set."""
-        return self._is_global() or basics.rank() in self.ranks
-
-    def __repr__(self):
-        return "ProcessSet(global)" if self is global_process_set else \
-            f"ProcessSet(ranks={self.ranks})"
+        return self.ranks == list(range(basics.size()))
 
 
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
+global_process_set = ddl.global_process_set
 
 
 def check_process_set(process_set, function):
@@ -221,3 +198,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     """
     check_process_set(process_set, "alltoall")
     return ddl.alltoall(tensor, splits=splits, name=name)
+
+
+def refuse_elastic(module_name, name):
+    """The module ``__getattr__`` of the front doors: ``elastic`` is refused
+    with what to use instead; other names are an AttributeError."""
+    if name == "elastic":
+        raise NotImplementedError("keras_ddl.horovod: elastic training is not supported (a dead "
+                                  "rank ends the job; resume with "
+                                  "keras_ddl.callbacks.BackupAndRestore)")
+    raise AttributeError(f"module {module_name!r} has no attribute {name!r}")

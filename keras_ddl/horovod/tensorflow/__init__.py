@@ -21,8 +21,8 @@ from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F4
                       ccl_built, check_compression, check_process_set, check_session,
                       cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
                       is_homogeneous, join, mpi_built, mpi_enabled, mpi_threads_supported,
-                      nccl_built, reduce_op, remove_process_set, rocm_built, start_timeline,
-                      stop_timeline)
+                      nccl_built, reduce_op, refuse_elastic, remove_process_set, rocm_built,
+                      start_timeline, stop_timeline)
 
 
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
@@ -331,8 +331,4 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
 
 
 def __getattr__(name):
-    if name == "elastic":
-        raise NotImplementedError("keras_ddl.horovod: elastic training is not supported (a dead "
-                                  "rank ends the job; resume with "
-                                  "keras_ddl.callbacks.BackupAndRestore)")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    refuse_elastic(__name__, name)

@@ -16,7 +16,7 @@ from keras_ddl.horovod.tensorflow import (  # noqa: F401
     gloo_enabled, global_process_set, init, is_homogeneous, is_initialized, join, local_rank,
     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
-from keras_ddl.horovod.common import check_compression, reduce_op
+from keras_ddl.horovod.common import check_compression, reduce_op, refuse_elastic
 
 from . import callbacks  # noqa: F401,E402
 
@@ -151,8 +151,4 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
 
 
 def __getattr__(name):
-    if name == "elastic":
-        raise NotImplementedError("keras_ddl.horovod: elastic training is not supported (a dead "
-                                  "rank ends the job; resume with "
-                                  "keras_ddl.callbacks.BackupAndRestore)")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    refuse_elastic(__name__, name)
