@@ -134,35 +134,33 @@ Status Context::CreateForGroup(MPI_Comm group, int process_set, const Config& co
 }
 
 Status Context::Build(MPI_Comm base) {
-  Context* ctx = this;
-  ctx->world = std::make_unique<MpiTransport>(base);
-  MPI_Comm world = base;
+  world = std::make_unique<MpiTransport>(base);
 
   // Nodes are cut by world rank, so a process set's node groups are the
   // job's nodes restricted to the set.
-  MPI_Comm local;
-  if (ctx->config.local_size > 0) {
-    MPI_Comm_split(world, ctx->world_rank / ctx->config.local_size, ctx->rank, &local);
+  MPI_Comm local_comm;
+  if (config.local_size > 0) {
+    MPI_Comm_split(base, world_rank / config.local_size, rank, &local_comm);
   } else {
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
+    MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local_comm);
   }
-  ctx->local = std::make_unique<MpiTransport>(local);
-  ctx->local_rank = ctx->local->rank();
-  ctx->local_size = ctx->local->size();
+  local = std::make_unique<MpiTransport>(local_comm);
+  local_rank = local->rank();
+  local_size = local->size();
 
-  MPI_Comm cross;
-  MPI_Comm_split(world, ctx->local_rank, ctx->rank, &cross);
-  ctx->cross = std::make_unique<MpiTransport>(cross);
-  ctx->cross_rank = ctx->cross->rank();
-  ctx->cross_size = ctx->cross->size();
+  MPI_Comm cross_comm;
+  MPI_Comm_split(base, local_rank, rank, &cross_comm);
+  cross = std::make_unique<MpiTransport>(cross_comm);
+  cross_rank = cross->rank();
+  cross_size = cross->size();
 
-  for (MpiTransport* t : {ctx->world.get(), ctx->local.get(), ctx->cross.get()}) {
-    t->SetPeerTimeout(ctx->config.peer_timeout_s);
-    t->SetSpinPolls(ctx->config.spin_polls);
+  for (MpiTransport* t : {world.get(), local.get(), cross.get()}) {
+    t->SetPeerTimeout(config.peer_timeout_s);
+    t->SetSpinPolls(config.spin_polls);
   }
-  std::vector<int64_t> local_sizes = ctx->world->AllgatherInt64(ctx->local_size);
-  for (int64_t n : local_sizes) ctx->homogeneous &= (n == ctx->local_size);
-  return ctx->ChooseAllreduce();
+  std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
+  for (int64_t n : local_sizes) homogeneous &= (n == local_size);
+  return ChooseAllreduce();
 }
 
 Status Context::Create(std::unique_ptr<Context>* out) {
