@@ -83,3 +83,13 @@ def test_node_shared_memory_allreduce_on_threads_as_ranks(tmp_path):
                          ["algorithms/node_allreduce.cc", "transport/shm_arena.cc",
                           "transport/node_segment.cc", *ALGORITHMS], tmp_path)
     assert_no_failures(proc)
+
+
+def test_engine_thread_priority_as_proc_reports_it(tmp_path):
+    """DDL_ENGINE_PRIORITY's effect on a thread: nice -10 with the privilege
+    (run as root), a 100 us slice without it (after dropping root), nothing
+    for normal; the thread is named ddl-engine."""
+    proc = build_and_run("thread_priority_check.cc", ["engine/thread_priority.cc"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith(" 0 failures") and int(proc.stdout.split()[0]) >= 6, \
+        proc.stdout

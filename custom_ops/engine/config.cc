@@ -95,6 +95,16 @@ Status Config::FromEnvironment(Config* c) {
       return Invalid("DDL_ALLREDUCE", algo, "one of auto, flat, hierarchical");
     }
   }
+  if (const char* priority = std::getenv("DDL_ENGINE_PRIORITY")) {
+    std::string p(priority);
+    if (p == "high") {
+      c->engine_priority = EnginePriority::kHigh;
+    } else if (p == "normal") {
+      c->engine_priority = EnginePriority::kNormal;
+    } else {
+      return Invalid("DDL_ENGINE_PRIORITY", priority, "one of high, normal");
+    }
+  }
   if (const char* path = std::getenv("DDL_TIMELINE")) c->timeline_path = path;
   return Status::Ok();
 }

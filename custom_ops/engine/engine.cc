@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include "thread_priority.h"
+
 namespace ddl {
 
 namespace {
@@ -287,6 +289,7 @@ void Engine::Admit(Work work) {
 }
 
 void Engine::Loop() {
+  ClaimEngineThread(ctx_->config.engine_priority);
   try {
     while (RunCycle()) {
     }

@@ -4,6 +4,7 @@ Run by tests/test_config_mpi.py under mpiexec -n 3."""
 
 import os
 import sys
+import time
 
 from harness import report
 from mpi4py import MPI
@@ -24,7 +25,44 @@ BAD_VALUES = [
     ("DDL_PEER_TIMEOUT_S", "soon"),
     ("DDL_SPIN_POLLS", "2.5"),
     ("DDL_TIMELINE", "/nonexistent/dir/trace.json"),
+    ("DDL_ENGINE_PRIORITY", "max"),
 ]
+
+
+def engine_thread_prio():
+    """prio (120 + nice) of this process's "ddl-engine" thread, from /proc;
+    None if there is no such thread."""
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().strip() != "ddl-engine":
+                continue
+        with open(f"/proc/self/task/{tid}/sched") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "prio":
+                    return int(value)
+    return None
+
+
+def check_engine_priority(rank):
+    """DDL_ENGINE_PRIORITY reaches the engine thread: high (default) makes
+    it nice -10 when the process may (root here), normal leaves it alone.
+    (The unprivileged fallback, a short slice: tests/core/thread_priority_check.cc.)"""
+    problems = []
+    for setting in ("high", "normal"):
+        if setting == "normal":
+            os.environ["DDL_ENGINE_PRIORITY"] = "normal"
+        basics.init()
+        deadline = time.time() + 5  # the engine thread names itself as it starts
+        while (prio := engine_thread_prio()) is None and time.time() < deadline:
+            time.sleep(0.01)
+        MPI.COMM_WORLD.Barrier()  # one rank's shutdown stops every engine
+        basics.shutdown()
+        os.environ.pop("DDL_ENGINE_PRIORITY", None)
+        want = 110 if setting == "high" and os.geteuid() == 0 else 120
+        if prio != want:
+            problems.append(f"{setting}: engine thread prio {prio}, expected {want}")
+    report("engine_thread_priority", rank, not problems, "; ".join(problems))
 
 
 def main():
@@ -52,6 +90,7 @@ def main():
     basics.init()
     report("valid_after_fix", rank, basics.size() == MPI.COMM_WORLD.Get_size())
     basics.shutdown()
+    check_engine_priority(rank)
 
 
 if __name__ == "__main__":
