@@ -176,6 +176,15 @@ REGISTER_OP("DdlBarrier")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext*) { return absl::OkStatus(); });
 
+REGISTER_OP("DdlJoin")
+    .Attr("process_set: int = 0")
+    .Output("last_joined: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    });
+
 class CollectiveKernel : public AsyncOpKernel {
  public:
   CollectiveKernel(OpKernelConstruction* c, ddl::Collective collective)
@@ -385,6 +394,24 @@ class BarrierKernel : public CollectiveKernel {
   }
 };
 
+// Returns once every rank has joined; meanwhile this rank's engine stands in
+// for the collectives the others run.
+class JoinKernel : public CollectiveKernel {
+ public:
+  explicit JoinKernel(OpKernelConstruction* c) : CollectiveKernel(c, ddl::Collective::kJoin) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
+    std::vector<ddl::Work> works(1);
+    works[0].name = "join";
+    works[0].collective = ddl::Collective::kJoin;
+    works[0].output = out->data();
+    works[0].done = Completion(ctx, std::move(done), 1);
+    ddl::Submit(std::move(works), process_set_);
+  }
+};
+
 template <ddl::Collective C, typename K>
 class Bound : public K {
  public:
@@ -409,6 +436,7 @@ REGISTER_KERNEL_BUILDER(Name("DdlAlltoall")
                         Bound<ddl::Collective::kAlltoall, AlltoallKernel>);
 REGISTER_KERNEL_BUILDER(Name("DdlBarrier").Device(DEVICE_CPU).HostMemory("tensor_name"),
                         BarrierKernel);
+REGISTER_KERNEL_BUILDER(Name("DdlJoin").Device(DEVICE_CPU).HostMemory("last_joined"), JoinKernel);
 
 }  // namespace
 }  // namespace tensorflow

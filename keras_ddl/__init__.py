@@ -72,8 +72,8 @@ __version__ = "0.1.0"
 from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum,  # noqa: E402
                   allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
                   broadcast_global_variables, broadcast_variables, grouped_allgather,
-                  grouped_allreduce, grouped_reducescatter, local_rank_op, local_size_op, rank_op,
-                  reducescatter, size_op)
+                  grouped_allreduce, grouped_reducescatter, join, local_rank_op, local_size_op,
+                  rank_op, reducescatter, size_op)
 from .object_ops import allgather_object, broadcast_object  # noqa: E402
 from .process_sets import ProcessSet, add_process_set, global_process_set  # noqa: E402
 from .optimizer import (DistributedGradientTape, DistributedOptimizer,  # noqa: E402

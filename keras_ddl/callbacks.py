@@ -26,11 +26,21 @@ import tensorflow as tf
 from . import _private_api, basics
 from ._validation import check_rank_argument
 from .checkpoint import BackupAndRestore
-from .ops import Average, allreduce, broadcast_variables
+from .ops import Average, allreduce, broadcast_variables, join
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+__all__ = ["BroadcastGlobalVariablesCallback", "JoinCallback", "MetricAverageCallback",
            "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BackupAndRestore",
            "TimelineCallback", "on_rank"]
+
+
+def _model_state(model, skip_ids=()):
+    """The model's variables and its optimizer's (once built), less those
+    whose id is in `skip_ids`."""
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        variables += list(optimizer.variables)
+    return [v for v in variables if id(v) not in skip_ids]
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -64,16 +74,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._after_first_batch = False
         self._batch_started = False
 
-    def _variables(self):
-        variables = list(self.model.variables)
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None and optimizer.built:
-            variables += list(optimizer.variables)
-        return [v for v in variables if id(v) not in self._local_ids]
-
     def broadcast(self):
         """Broadcasts the model's and optimizer's variables now."""
-        broadcast_variables(self._variables(), root_rank=self.root_rank)
+        broadcast_variables(_model_state(self.model, self._local_ids), root_rank=self.root_rank)
 
     def on_train_begin(self, logs=None):
         self.broadcast()
@@ -93,6 +96,36 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._first_batch_done()
+
+
+class JoinCallback(keras.callbacks.Callback):
+    """Lets ranks whose data has different numbers of batches train together.
+
+    At the end of each epoch every rank calls `keras_ddl.join()`. A rank
+    that ran out of batches waits there while the others finish their
+    epoch: it stands in for their gradient allreduces with zeros, so each
+    of those steps averages the gradients of the ranks still training.
+    Once every rank has joined, all take the model and optimizer variables
+    of the rank that joined last (it applied every step), so the replicas
+    start the next epoch identical.
+
+    Put it first in the callback list: callbacks that issue collectives at
+    the end of an epoch (`MetricAverageCallback`, checkpoint agreement)
+    must run after it. Validation runs before the epoch ends, so it must
+    not issue collectives (Keras metrics computed per rank are fine).
+
+    Args:
+        local_variables: Variables that keep each rank's own value (not
+            broadcast after the join). Defaults to None (none).
+    """
+
+    def __init__(self, local_variables=None):
+        super().__init__()
+        self._local_ids = {id(v) for v in (local_variables or ())}
+
+    def on_epoch_end(self, epoch, logs=None):
+        last = join()
+        broadcast_variables(_model_state(self.model, self._local_ids), root_rank=last)
 
 
 def _is_number(value):

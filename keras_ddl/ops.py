@@ -469,6 +469,33 @@ def barrier(name=None, process_set=None):
     op_library().ddl_barrier(_name_input(name, "barrier", set_id=ps), process_set=ps)
 
 
+@_not_converted
+def join():
+    """Waits until every rank has called ``join``, taking part meanwhile in
+    the collectives the other ranks still run.
+
+    A rank that runs out of data calls ``join``. Until the last rank does,
+    its background engine stands in for it in every collective of the
+    global process set that the other ranks run, with zeros for its tensor:
+    a Sum adds nothing, an Average divides by the ranks that have not
+    joined, an allgather gets no rows from it, a broadcast is received and
+    dropped. Min, Max and Product see the zeros. A broadcast whose root has
+    joined, and an alltoall while any rank has joined, fail on every rank
+    that runs them. Then every rank's ``join`` returns.
+
+    Returns:
+        The rank that joined last (the highest one if several joined in
+        the same negotiation cycle): a Python int when called eagerly, an
+        int32 scalar tensor inside a ``tf.function``.
+
+    Raises:
+        tf.errors.InvalidArgumentError if this rank's earlier ``join`` has
+        not returned; the engine's error if a rank dies meanwhile.
+    """
+    last = op_library().ddl_join()
+    return int(last) if tf.executing_eagerly() else last
+
+
 def _check_root(root_rank):
     # Its range is checked in negotiation, where every rank gets the error.
     check_rank_argument(root_rank)

@@ -76,8 +76,6 @@ def test_warmup_callback_takes_horovods_positional_order():
 def test_refused_arguments_name_themselves():
     with pytest.raises(NotImplementedError, match="session"):
         hvd_tf.broadcast_object(1, session=object())
-    with pytest.raises(NotImplementedError, match="join"):
-        hvd.join()
     with pytest.raises(NotImplementedError, match="elastic"):
         hvd.elastic  # noqa: B018
     with pytest.raises(AttributeError):
@@ -185,3 +183,9 @@ def test_object_collectives_and_ops_on_one_process():
         tf.function(lambda: ddl.broadcast_object(1))()
     with pytest.raises(TypeError, match="prescale_factor"):
         ddl.allreduce(tf.ones([2]), prescale_factor="2")
+
+
+def test_join_alone_returns_this_rank():
+    """One process is every rank: its join is the last, and returns at once."""
+    assert hvd.join() == 0
+    assert hvd_tf.join(device="/cpu:0") == 0

@@ -69,6 +69,7 @@ const char* CollectiveName(Collective c) {
     case Collective::kReducescatter: return "reducescatter";
     case Collective::kBarrier: return "barrier";
     case Collective::kAlltoall: return "alltoall";
+    case Collective::kJoin: return "join";
   }
   return "unknown";
 }

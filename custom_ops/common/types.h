@@ -39,6 +39,9 @@ enum class Collective : uint8_t {
   kReducescatter = 3,
   kBarrier = 4,
   kAlltoall = 5,
+  // Not a collective of its own: the engine keeps this rank joined (see
+  // ddl.join) until every rank is, then completes it.
+  kJoin = 6,
 };
 
 size_t DataTypeSize(DataType dtype);

@@ -12,7 +12,8 @@ namespace {
 // word 0 holds flags stored inverted (a rank clears a bit to raise it, so
 // the AND computes "any rank raised it"); then one bit per cache slot
 // (AND = offered by every rank); then the same bits inverted (AND of the
-// inverses = no rank offered it, i.e. NOT any).
+// inverses = no rank offered it, i.e. NOT any); then one bit per rank,
+// cleared by a rank that has joined.
 constexpr uint64_t kFlagHasRequests = 1u << 0;   // some rank has names to offer
 constexpr uint64_t kFlagShutdown = 1u << 1;      // some rank is shutting down
 constexpr uint64_t kFlagCoordinator = 1u << 2;   // rank 0 has a verdict to send
@@ -44,7 +45,10 @@ Negotiated Controller::Negotiate(bool shutting_down) {
   const auto now = std::chrono::steady_clock::now;
   const int slots = cache_.num_slots();
   const int slot_words = (slots + 63) / 64;
-  std::vector<uint64_t> words(1 + 2 * slot_words, 0);
+  const int n = plane_.size();
+  const int joined_at = 1 + 2 * slot_words;
+  std::vector<uint64_t> words(joined_at + (n + 63) / 64, ~uint64_t(0));
+  for (int i = 1; i <= slot_words; ++i) words[i] = 0;
   words[0] = ~uint64_t(0);
   if (!unsent_.empty()) words[0] &= ~kFlagHasRequests;
   if (shutting_down) words[0] &= ~kFlagShutdown;
@@ -52,7 +56,22 @@ Negotiated Controller::Negotiate(bool shutting_down) {
     coordinator_->CheckStalls(now());
     if (coordinator_->HasPendingVerdict()) words[0] &= ~kFlagCoordinator;
   }
-  for (int i = 0; i < slot_words; ++i) words[1 + slot_words + i] = ~uint64_t(0);
+  if (joined_) {
+    const int me = plane_.rank();
+    words[joined_at + me / 64] &= ~(uint64_t(1) << (me % 64));
+    // A joined rank agrees to every cached name, without claiming to have
+    // offered it (the "none" half stays set), so a name runs once every
+    // active rank offers it. It cannot stand in for an alltoall or for a
+    // broadcast from itself: those wait until the coordinator, seeing them
+    // by name, refuses them on every rank.
+    for (int slot = 0; slot < slots; ++slot) {
+      if (!cache_.Occupied(slot)) continue;
+      const Request& r = cache_.RequestAt(slot);
+      if (r.collective == Collective::kAlltoall) continue;
+      if (r.collective == Collective::kBroadcast && r.root == me) continue;
+      words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
+    }
+  }
   for (const auto& [name, p] : pending_) {
     if (!p.cached) continue;
     int slot = -1;
@@ -65,6 +84,22 @@ Negotiated Controller::Negotiate(bool shutting_down) {
   Negotiated out;
   out.exchanged = !(words[0] & kFlagHasRequests) || !(words[0] & kFlagCoordinator);
   out.shutdown = !(words[0] & kFlagShutdown);
+  std::vector<bool> joined(n);
+  for (int r = 0; r < n; ++r) joined[r] = !((words[joined_at + r / 64] >> (r % 64)) & 1);
+  const int num_joined = static_cast<int>(std::count(joined.begin(), joined.end(), true));
+  out.active = num_joined == n ? n : n - num_joined;
+  if (was_joined_.empty()) was_joined_.assign(n, false);
+  if (num_joined == n) {
+    out.all_joined = true;
+    for (int r = 0; r < n; ++r) {
+      if (!was_joined_[r]) out.last_joined = r;
+    }
+    // Every join ends now; a join called next starts a new round.
+    was_joined_.assign(n, false);
+  } else {
+    was_joined_ = joined;
+  }
+  if (coordinator_) coordinator_->SetJoined(joined);
 
   // Cached names offered by every rank run first, in slot order; names
   // offered by some but not all go to the coordinator's stall tracking.
@@ -72,8 +107,13 @@ Negotiated Controller::Negotiate(bool shutting_down) {
   for (int slot = 0; slot < slots; ++slot) {
     const bool all = (words[1 + slot / 64] >> (slot % 64)) & 1;
     const bool none = (words[1 + slot_words + slot / 64] >> (slot % 64)) & 1;
-    if (all) out.run.push_back(cache_.NameAt(slot));
-    else if (!none) partial.push_back(slot);
+    if (all) {
+      const std::string& name = cache_.NameAt(slot);
+      out.run.push_back(name);
+      if (joined_ && !pending_.count(name)) out.stand_ins.emplace(name, cache_.RequestAt(slot));
+    } else if (!none) {
+      partial.push_back(slot);
+    }
   }
 
   ResponseList responses;
@@ -106,8 +146,15 @@ Negotiated Controller::Negotiate(bool shutting_down) {
     if (pending_.erase(name)) out.refused.emplace_back(name, std::move(message));
   }
   for (const std::string& name : out.run) pending_.erase(name);
-  for (const std::string& name : responses.ready) {
+  for (size_t i = 0; i < responses.ready.size(); ++i) {
+    const std::string& name = responses.ready[i];
     auto it = pending_.find(name);
+    if (it == pending_.end() && joined_ && i < responses.stand_ins.size()) {
+      cache_.Insert(responses.stand_ins[i]);
+      out.run.push_back(name);
+      out.stand_ins.emplace(name, responses.stand_ins[i]);
+      continue;
+    }
     if (it == pending_.end()) {
       throw std::runtime_error("coordinator cleared '" + name + "', which this rank never offered");
     }

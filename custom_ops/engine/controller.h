@@ -31,6 +31,16 @@ struct Negotiated {
   std::string fatal;
   // Some rank asked to shut down: every rank stops after this cycle.
   bool shutdown = false;
+  // Names of `run` this rank never offered because it has joined: it takes
+  // part with a stand-in built from another rank's request.
+  std::unordered_map<std::string, Request> stand_ins;
+  // Ranks that have not joined (their data counts in an Average); the
+  // plane's size while no rank has joined.
+  int active = 0;
+  // Every rank has joined: each one's join ends this cycle, returning
+  // `last_joined` (the highest rank among those that joined last).
+  bool all_joined = false;
+  int last_joined = -1;
   // The by-name exchange ran (the cycle was not only the AND).
   bool exchanged = false;
 };
@@ -44,6 +54,10 @@ class Controller {
   // name is already pending here (names must be unique while in flight).
   bool Offer(const Request& request);
   bool HasPending() const { return !pending_.empty(); }
+
+  // While joined, this rank tells the others so in every cycle, and stands
+  // in (zeros in, result discarded) for every collective they run.
+  void SetJoined(bool joined) { joined_ = joined; }
 
   // One cycle; collective over the plane. `shutting_down`: this rank asks
   // every rank to stop. Throws PeerTimeout when a rank stays silent.
@@ -67,6 +81,8 @@ class Controller {
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unordered_map<std::string, PendingRequest> pending_;
   std::vector<Request> unsent_;  // to offer by name in the next cycle
+  bool joined_ = false;
+  std::vector<bool> was_joined_;  // by rank, as of the previous cycle
 };
 
 }  // namespace ddl

@@ -24,8 +24,33 @@ void Coordinator::Add(const std::vector<Request>& requests, const ResponseCache&
     Request& slot = offers.by_rank[request.rank];
     if (!slot.name.empty()) continue;  // resent after an eviction: already counted
     slot = request;
-    if (++offers.count == size_) completed_.push_back(request.name);
+    ++offers.count;
+    MarkIfComplete(request.name, offers);
   }
+}
+
+bool Coordinator::Complete(const Offers& offers) const {
+  if (offers.count == size_) return true;
+  if (num_joined_ == 0) return false;
+  for (int r = 0; r < size_; ++r) {
+    if (offers.by_rank[r].name.empty() && !joined_[r]) return false;
+  }
+  return true;
+}
+
+void Coordinator::MarkIfComplete(const std::string& name, Offers& offers) {
+  if (offers.complete || !Complete(offers)) return;
+  offers.complete = true;
+  completed_.push_back(name);
+}
+
+void Coordinator::SetJoined(const std::vector<bool>& joined) {
+  if (joined == joined_) return;
+  joined_ = joined;
+  num_joined_ = static_cast<int>(std::count(joined_.begin(), joined_.end(), true));
+  // A rank that just joined may complete names the others are waiting on.
+  // The table is ordered by name, so every run picks them up in one order.
+  for (auto& [name, offers] : table_) MarkIfComplete(name, offers);
 }
 
 void Coordinator::TrackPartialSlots(const std::vector<int>& partial_slots,
@@ -51,7 +76,7 @@ std::string Coordinator::Missing(const Offers& offers) const {
   std::ostringstream out;
   bool first = true;
   for (int r = 0; r < size_; ++r) {
-    if (!offers.by_rank[r].name.empty()) continue;
+    if (!offers.by_rank[r].name.empty() || joined_[r]) continue;
     out << (first ? "" : ", ") << r;
     first = false;
   }
@@ -66,7 +91,7 @@ void Coordinator::CheckStalls(Clock::time_point now) {
   std::ostringstream warning, fatal;
   int stalled = 0, timed_out = 0;
   for (auto& [name, offers] : table_) {
-    if (offers.count == size_) continue;
+    if (offers.complete) continue;
     double waited = Seconds(now - offers.first_seen);
     if (waited >= config_.stall_warning_s && !offers.warned) {
       offers.warned = true;
@@ -117,6 +142,20 @@ std::string Coordinator::Refusal(const Request& r) const {
   if (r.collective == Collective::kBroadcast && (r.root < 0 || r.root >= size_)) {
     return "root_rank=" + std::to_string(r.root) + " is outside [0, " + std::to_string(size_) + ")";
   }
+  if (num_joined_ > 0) {
+    std::string joined;
+    for (int i = 0; i < size_; ++i) {
+      if (joined_[i]) joined += (joined.empty() ? "" : ", ") + std::to_string(i);
+    }
+    if (r.collective == Collective::kBroadcast && joined_[r.root]) {
+      return "root_rank=" + std::to_string(r.root) +
+             " has joined (ddl.join) and has no tensor to send";
+    }
+    if (r.collective == Collective::kAlltoall) {
+      return "alltoall cannot run while rank(s) [" + joined +
+             "] have joined (ddl.join): a joined rank has no rows to send or receive";
+    }
+  }
   return "";
 }
 
@@ -126,7 +165,10 @@ ResponseList Coordinator::Respond() {
   evictions_.clear();
   for (const std::string& name : completed_) {
     Offers& offers = table_[name];
-    const Request& first = offers.by_rank[0];
+    // Joined ranks offered nothing: compare the offers that exist.
+    int first_rank = 0;
+    while (offers.by_rank[first_rank].name.empty()) ++first_rank;
+    const Request& first = offers.by_rank[first_rank];
     std::string mismatch;
     // A rank's own invalid arguments come first: they are the cause even
     // when they also make its request differ from the others'.
@@ -146,7 +188,8 @@ ResponseList Coordinator::Respond() {
                   (several ? " on ranks [" + ranks + "]" : " on rank " + ranks);
     }
     const bool invalid = !mismatch.empty();
-    for (int r = 1; r < size_ && mismatch.empty(); ++r) {
+    for (int r = first_rank + 1; r < size_ && mismatch.empty(); ++r) {
+      if (offers.by_rank[r].name.empty()) continue;
       if (!first.Compatible(offers.by_rank[r])) mismatch = first.Difference(offers.by_rank[r]);
     }
     const std::string refusal = mismatch.empty() ? Refusal(first) : "";
@@ -161,6 +204,7 @@ ResponseList Coordinator::Respond() {
                                         " of tensor '" + name + "': " + refusal);
     } else {
       out.ready.push_back(name);
+      if (num_joined_ > 0) out.stand_ins.push_back(first);
     }
     table_.erase(name);
   }

@@ -18,7 +18,8 @@ namespace ddl {
 class Coordinator {
  public:
   using Clock = std::chrono::steady_clock;
-  Coordinator(int world_size, const Config& config) : size_(world_size), config_(config) {}
+  Coordinator(int world_size, const Config& config)
+      : size_(world_size), config_(config), joined_(world_size, false) {}
 
   // Records the requests one rank sent this cycle. A request for a name the
   // cache holds means that rank's metadata changed: the name is evicted
@@ -31,6 +32,11 @@ class Coordinator {
   void TrackPartialSlots(const std::vector<int>& partial_slots, const ResponseCache& cache,
                          Clock::time_point now);
 
+  // The ranks that have joined (ddl.join), as every rank learned them this
+  // cycle. A joined rank counts as having offered every name: it stands in
+  // with zeros, so names the active ranks all offered become complete.
+  void SetJoined(const std::vector<bool>& joined);
+
   // Called every cycle: warns on stderr about names some ranks have offered
   // and others not for DDL_STALL_WARNING_S, and past DDL_STALL_TIMEOUT_S
   // prepares a fatal verdict naming them and the missing ranks.
@@ -38,7 +44,9 @@ class Coordinator {
 
   // True when the next cycle must run the full exchange even if no rank
   // has new requests (evictions or a stall verdict are waiting to be sent).
-  bool HasPendingVerdict() const { return !evictions_.empty() || timed_out_; }
+  bool HasPendingVerdict() const {
+    return !evictions_.empty() || timed_out_ || !completed_.empty();
+  }
 
   // Names complete on every rank (in completion order), mismatches,
   // evictions, and the stall verdict if there is one.
@@ -52,7 +60,12 @@ class Coordinator {
     int count = 0;
     Clock::time_point first_seen;
     bool warned = false;
+    bool complete = false;  // queued in completed_
   };
+  // Every rank has offered the name or joined.
+  bool Complete(const Offers& offers) const;
+  // Queues the name for Respond once it is complete.
+  void MarkIfComplete(const std::string& name, Offers& offers);
   Clock::time_point last_stall_check_;
   std::string Missing(const Offers& offers) const;
 
@@ -64,6 +77,8 @@ class Coordinator {
   std::unordered_map<int, Clock::time_point> partial_since_;
   bool timed_out_ = false;
   std::string fatal_;
+  std::vector<bool> joined_;  // by rank; all false while no rank has joined
+  int num_joined_ = 0;
 };
 
 }  // namespace ddl

@@ -215,11 +215,53 @@ void Engine::FailAll(const Status& status) {
   }
   for (auto& [name, w] : works_) Finish(w, status);
   works_.clear();
+  if (join_) Finish(*join_, status);
+  join_.reset();
+  controller_.SetJoined(false);
   controller_.DropAll();
   for (Work& w : queued) Finish(w, status);
 }
 
+Work Engine::StandIn(const Request& r) {
+  Work w;
+  w.name = r.name;
+  w.collective = r.collective;
+  w.dtype = r.dtype;
+  w.wire = r.wire;
+  w.op = r.op;
+  w.root = r.root;
+  w.shape = r.shape;
+  // An allgather gets no rows from a joined rank (a scalar's one row too).
+  if (w.collective == Collective::kAllgather) {
+    if (w.shape.empty()) w.shape = {0};
+    w.shape[0] = 0;
+  }
+  const size_t elem = DataTypeSize(w.dtype);
+  auto input = std::make_shared<std::vector<char>>(
+      std::max<size_t>(NumElements(w.shape) * elem, 1), 0);
+  auto output = std::make_shared<std::vector<char>>(input->size());
+  w.input = input->data();
+  if (w.collective == Collective::kBroadcast) w.output = output->data();
+  w.allocate = [output, elem](const std::vector<int64_t>& shape, void** data) {
+    output->resize(std::max<size_t>(NumElements(shape) * elem, 1));
+    *data = output->data();
+    return Status::Ok();
+  };
+  w.done = [input, output](const Status&) {};
+  return w;
+}
+
 void Engine::Admit(Work work) {
+  if (work.collective == Collective::kJoin) {
+    if (join_) {
+      Finish(work, Status::InvalidArgument("join called while this rank's earlier join has not "
+                                           "returned" + ctx_->Where()));
+      return;
+    }
+    join_ = std::make_unique<Work>(std::move(work));
+    controller_.SetJoined(true);
+    return;
+  }
   work.wire = WireDtype(work);
   Request r;
   r.name = work.name;
@@ -300,6 +342,10 @@ bool Engine::RunCycle() {
   std::vector<Work> runnable;
   for (const std::string& name : outcome.run) {
     auto it = works_.find(name);
+    if (it == works_.end()) {
+      runnable.push_back(StandIn(outcome.stand_ins.at(name)));
+      continue;
+    }
     runnable.push_back(std::move(it->second));
     works_.erase(it);
   }
@@ -308,12 +354,19 @@ bool Engine::RunCycle() {
     for (const Work& w : runnable) ctx_->timeline->Span(w.name, "NEGOTIATE", w.enqueued, now);
   }
   try {
-    executor_.Run(runnable);
+    executor_.Run(runnable, outcome.active);
   } catch (const std::exception& e) {
     AbortOnDataPathFailure(e);
   }
-  const bool idle = !had_arrivals && runnable.empty() && works_.empty() && !outcome.exchanged;
+  const bool idle = !had_arrivals && runnable.empty() && works_.empty() && !join_ &&
+                    !outcome.exchanged;
   idle_cycles_ = idle ? idle_cycles_ + 1 : 0;
+  if (outcome.all_joined && join_) {
+    *static_cast<int32_t*>(join_->output) = outcome.last_joined;
+    Finish(*join_, Status::Ok());
+    join_.reset();
+    controller_.SetJoined(false);
+  }
 
   if (!outcome.fatal.empty()) {
     FailAll(Status::DeadlineExceeded("keras_ddl aborted the job: " + outcome.fatal + ctx_->Where()));

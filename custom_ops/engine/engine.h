@@ -55,6 +55,9 @@ class Engine {
   bool RunCycle();
   Status Validate(const Work& work) const;
   void Admit(Work work);
+  // This rank's part in a collective it runs while joined: zeros in, the
+  // result discarded; the memory lives as long as the work.
+  static Work StandIn(const Request& request);
   void FailAll(const Status& status);
   // After a negotiation timeout: finds out which ranks are silent (rank 0
   // collects probes from the live ranks and tells them) and returns the
@@ -77,6 +80,7 @@ class Engine {
 
   // Engine-thread state.
   std::unordered_map<std::string, Work> works_;  // offered, not yet run
+  std::unique_ptr<Work> join_;   // this rank's join, until every rank joined
   int idle_cycles_ = 0;          // cycles in a row with nothing to do
   std::thread thread_;
 };

@@ -23,7 +23,7 @@ void CopyUnlessSame(void* dst, const void* src, size_t bytes) {
 }
 }  // namespace
 
-void Executor::Run(std::vector<Work>& ready) {
+void Executor::Run(std::vector<Work>& ready, int active) {
   const size_t threshold = static_cast<size_t>(ctx_.config.fusion_threshold_mb * 1024 * 1024);
   // Batches keyed by (dtype, wire dtype, op) in order of first appearance:
   // the same list on every rank gives the same batches everywhere.
@@ -42,7 +42,7 @@ void Executor::Run(std::vector<Work>& ready) {
     batches[it->second].push_back(&w);
     batch_bytes[it->second] += Bytes(w);
   }
-  for (auto& batch : batches) AllreduceBatch(batch);
+  for (auto& batch : batches) AllreduceBatch(batch, active);
 
   for (Work& w : ready) {
     Status s;
@@ -57,12 +57,13 @@ void Executor::Run(std::vector<Work>& ready) {
         s = Broadcast(w);
         break;
       case Collective::kReducescatter:
-        s = Reducescatter(w);
+        s = Reducescatter(w, active);
         break;
       case Collective::kAlltoall:
         s = Alltoall(w);
         break;
       case Collective::kBarrier:
+      case Collective::kJoin:  // the engine keeps joins; none reaches here
         break;  // agreement by every rank already was the barrier
     }
     if (ctx_.timeline) {
@@ -133,11 +134,15 @@ bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* 
   return true;
 }
 
-void Executor::AllreduceBatch(std::vector<Work*>& batch) {
+void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   using Clock = Timeline::Clock;
   const DataType dtype = batch[0]->dtype;
   const DataType wire = batch[0]->wire;  // the batch's key: the same for all
-  const ReduceOp op = batch[0]->op;
+  // While ranks have joined, an Average is a sum divided by the ranks that
+  // are still active, each rank dividing its own output (so never into a
+  // result the node shares).
+  const bool average_of_active = batch[0]->op == ReduceOp::kAverage && active < ctx_.size;
+  const ReduceOp op = average_of_active ? ReduceOp::kSum : batch[0]->op;
   size_t total = 0;
   for (Work* w : batch) total += Bytes(*w);
   const auto start = Clock::now();
@@ -149,7 +154,8 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
 
   std::vector<Status> status(batch.size());
   std::vector<std::vector<char>> scratch;
-  if (shared_output_ && total > 0 && IntoSharedResult(batch, &status, &scratch, &phases)) {
+  if (shared_output_ && total > 0 && !average_of_active &&
+      IntoSharedResult(batch, &status, &scratch, &phases)) {
     traffic_.shared_output_bytes += total;
   } else if (node_allreduce_) {
     AllocateOutputs(batch, &status, &scratch);
@@ -214,6 +220,9 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch) {
       }
     }
   }
+  if (average_of_active) {
+    for (Work* w : batch) DivideBy(w->output, NumElements(w->shape), dtype, active);
+  }
   for (size_t i = 0; i < batch.size(); ++i) Finish(*batch[i], status[i]);
 }
 
@@ -254,7 +263,7 @@ Status Executor::Broadcast(Work& w) {
   return Status::Ok();
 }
 
-Status Executor::Reducescatter(Work& w) {
+Status Executor::Reducescatter(Work& w, int active) {
   const int n = ctx_.size;
   const int64_t rows = w.shape[0];
   const int64_t row_elems = rows == 0 ? 0 : NumElements(w.shape) / rows;
@@ -274,7 +283,14 @@ Status Executor::Reducescatter(Work& w) {
   // The exchange reduces in place, so it works on a copy of the input.
   std::vector<char> work(Bytes(w));
   CopyUnlessSame(work.data(), w.input, work.size());
-  PairwiseReduceScatter(*ctx_.world, work.data(), counts, w.dtype, w.op);
+  // As in AllreduceBatch: while ranks have joined, Average divides by the
+  // active ranks.
+  const bool average_of_active = w.op == ReduceOp::kAverage && active < n;
+  PairwiseReduceScatter(*ctx_.world, work.data(), counts, w.dtype,
+                        average_of_active ? ReduceOp::kSum : w.op);
+  if (average_of_active) {
+    DivideBy(work.data() + my_offset * elem, counts[ctx_.rank], w.dtype, active);
+  }
   if (!s.ok()) return s;
   if (out == nullptr && counts[ctx_.rank] > 0) {
     return Status::Internal("no output for reducescatter '" + w.name + "'");

@@ -20,14 +20,16 @@ class Executor {
 
   // Runs `ready` (same order on every rank); fuses allreduces with the same
   // dtype and op up to the fusion threshold. Calls every done callback.
-  void Run(std::vector<Work>& ready);
+  // `active`: ranks whose data counts (the others have joined and send
+  // zeros), the divisor of an Average.
+  void Run(std::vector<Work>& ready, int active);
   const TrafficCounters& traffic() const { return traffic_; }
 
  private:
-  void AllreduceBatch(std::vector<Work*>& batch);
+  void AllreduceBatch(std::vector<Work*>& batch, int active);
   Status Allgather(Work& work);
   Status Broadcast(Work& work);
-  Status Reducescatter(Work& work);
+  Status Reducescatter(Work& work, int active);
   Status Alltoall(Work& work);
 
   Context& ctx_;

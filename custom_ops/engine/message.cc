@@ -101,23 +101,40 @@ class Reader {
   size_t pos_ = 0;
 };
 
+void PutRequest(Writer& w, const Request& r) {
+  w.PutString(r.name);
+  w.Put<int32_t>(r.rank);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.collective));
+  w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
+  w.Put<uint8_t>(static_cast<uint8_t>(r.wire));
+  w.Put<uint8_t>(static_cast<uint8_t>(r.op));
+  w.Put<int32_t>(r.root);
+  w.Put<uint32_t>(static_cast<uint32_t>(r.shape.size()));
+  for (int64_t d : r.shape) w.Put<int64_t>(d);
+  w.PutString(r.invalid);
+}
+
+Request GetRequest(Reader& rd) {
+  Request r;
+  r.name = rd.GetString();
+  r.rank = rd.Get<int32_t>();
+  r.collective = static_cast<Collective>(rd.Get<uint8_t>());
+  r.dtype = static_cast<DataType>(rd.Get<uint8_t>());
+  r.wire = static_cast<DataType>(rd.Get<uint8_t>());
+  r.op = static_cast<ReduceOp>(rd.Get<uint8_t>());
+  r.root = rd.Get<int32_t>();
+  r.shape.resize(rd.Get<uint32_t>());
+  for (int64_t& d : r.shape) d = rd.Get<int64_t>();
+  r.invalid = rd.GetString();
+  return r;
+}
+
 }  // namespace
 
 std::vector<char> EncodeRequests(const std::vector<Request>& requests) {
   Writer w;
   w.Put<uint32_t>(static_cast<uint32_t>(requests.size()));
-  for (const Request& r : requests) {
-    w.PutString(r.name);
-    w.Put<int32_t>(r.rank);
-    w.Put<uint8_t>(static_cast<uint8_t>(r.collective));
-    w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
-    w.Put<uint8_t>(static_cast<uint8_t>(r.wire));
-    w.Put<uint8_t>(static_cast<uint8_t>(r.op));
-    w.Put<int32_t>(r.root);
-    w.Put<uint32_t>(static_cast<uint32_t>(r.shape.size()));
-    for (int64_t d : r.shape) w.Put<int64_t>(d);
-    w.PutString(r.invalid);
-  }
+  for (const Request& r : requests) PutRequest(w, r);
   return w.Take();
 }
 
@@ -125,20 +142,8 @@ std::vector<Request> DecodeRequests(const std::vector<char>& bytes) {
   std::vector<Request> requests;
   if (bytes.empty()) return requests;
   Reader rd(bytes);
-  uint32_t n = rd.Get<uint32_t>();
-  requests.resize(n);
-  for (Request& r : requests) {
-    r.name = rd.GetString();
-    r.rank = rd.Get<int32_t>();
-    r.collective = static_cast<Collective>(rd.Get<uint8_t>());
-    r.dtype = static_cast<DataType>(rd.Get<uint8_t>());
-    r.wire = static_cast<DataType>(rd.Get<uint8_t>());
-    r.op = static_cast<ReduceOp>(rd.Get<uint8_t>());
-    r.root = rd.Get<int32_t>();
-    r.shape.resize(rd.Get<uint32_t>());
-    for (int64_t& d : r.shape) d = rd.Get<int64_t>();
-    r.invalid = rd.GetString();
-  }
+  requests.resize(rd.Get<uint32_t>());
+  for (Request& r : requests) r = GetRequest(rd);
   return requests;
 }
 
@@ -154,6 +159,8 @@ std::vector<char> EncodeResponses(const ResponseList& responses) {
   w.Put<uint32_t>(static_cast<uint32_t>(responses.evictions.size()));
   for (const auto& name : responses.evictions) w.PutString(name);
   w.PutString(responses.fatal);
+  w.Put<uint32_t>(static_cast<uint32_t>(responses.stand_ins.size()));
+  for (const Request& r : responses.stand_ins) PutRequest(w, r);
   return w.Take();
 }
 
@@ -170,6 +177,8 @@ ResponseList DecodeResponses(const std::vector<char>& bytes) {
   out.evictions.resize(rd.Get<uint32_t>());
   for (auto& name : out.evictions) name = rd.GetString();
   out.fatal = rd.GetString();
+  out.stand_ins.resize(rd.Get<uint32_t>());
+  for (Request& r : out.stand_ins) r = GetRequest(rd);
   return out;
 }
 

@@ -42,6 +42,10 @@ struct ResponseList {
   std::vector<std::string> evictions;
   // Non-empty: the job cannot continue (stall timeout); all ranks abort.
   std::string fatal;
+  // While some rank has joined (ddl.join): for each name of `ready`, in the
+  // same order, a request of a rank that offered it, from which a joined
+  // rank builds its stand-in. Empty when no rank has joined.
+  std::vector<Request> stand_ins;
 };
 
 std::vector<char> EncodeRequests(const std::vector<Request>& requests);

@@ -26,6 +26,7 @@ class ResponseCache {
   void Insert(const Request& request);
   void Evict(const std::string& name);
   const std::string& NameAt(int slot) const { return slots_[slot]->name; }
+  const Request& RequestAt(int slot) const { return *slots_[slot]; }
   bool Occupied(int slot) const { return slots_[slot].has_value(); }
   int num_slots() const { return static_cast<int>(slots_.size()); }
 

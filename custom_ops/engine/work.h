@@ -32,7 +32,8 @@ struct Work {
   // offers the collective anyway and negotiation fails it on every rank.
   std::string invalid;
   // Broadcast: preallocated output of the input's shape (may alias the
-  // input); allreduce may have one too. Allgather and reducescatter: null;
+  // input); allreduce may have one too. Join: an int32 that receives the
+  // last rank to join. Allgather and reducescatter: null;
   // the core calls `allocate` with the output shape once it knows it.
   void* output = nullptr;
   // An allreduce with `output` null is allocated through `allocate` unless

@@ -282,10 +282,10 @@ def stop_timeline():
 
 
 def join(device=""):
-    """Not supported: raises NotImplementedError (every rank must take part
-    in every collective; give every rank the same number of batches)."""
-    raise NotImplementedError("keras_ddl.horovod: join() is not supported; give every rank the "
-                              "same number of batches (e.g. with keras_ddl.data sharding)")
+    """Horovod's join: ``keras_ddl.join`` (``device`` is ignored: collectives
+    run on the CPU). Returns the rank that joined last."""
+    del device
+    return ddl.join()
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,

@@ -38,7 +38,8 @@ using Schedule = std::function<std::vector<Request>(int rank, int cycle)>;
 std::vector<std::vector<Negotiated>> Drive(int n, int cycles, const Schedule& offers,
                                            Config config = Config(),
                                            std::function<bool(int, int)> shutting = nullptr,
-                                           std::chrono::milliseconds pause = {}) {
+                                           std::chrono::milliseconds pause = {},
+                                           std::function<bool(int, int)> joined = nullptr) {
   InProcessGroup group(n, 1 << 20);
   std::vector<std::vector<Negotiated>> out(n);
   group.Run([&](int r) {
@@ -48,6 +49,7 @@ std::vector<std::vector<Negotiated>> Drive(int n, int cycles, const Schedule& of
       for (const Request& q : offers(r, c)) {
         if (!controller.Offer(q)) throw std::runtime_error("duplicate offer of " + q.name);
       }
+      controller.SetJoined(joined && joined(r, c));
       out[r].push_back(controller.Negotiate(shutting && shutting(r, c)));
       if (pause.count()) std::this_thread::sleep_for(pause);
     }
@@ -224,6 +226,68 @@ void ADuplicateNameIsRefusedLocally() {
   Expect(!controller.HasPending(), "duplicate: nothing pending after the run");
 }
 
+// Joined ranks (ddl.join) stand in for what the others still run: a cached
+// name through the AND bits, a new name by the coordinator's answer, and a
+// name offered before the join once the join completes it. An alltoall and
+// a broadcast from a joined root are refused; the join ends on every rank
+// in the cycle the last rank joins.
+void JoinedRanksStandInUntilEveryRankJoined() {
+  const int n = 3;
+  auto join_cycle = [](int r) { return r == 2 ? 1 : r == 1 ? 3 : 6; };
+  auto joined = [&](int r, int c) { return c >= join_cycle(r) && c < 7; };
+  auto schedule = [&](int r, int c) {
+    std::vector<Request> rq;
+    if (c == 0 || (c == 1 && r < 2)) rq.push_back(Make("a", r, {4}, DataType::kFloat32, ReduceOp::kAverage));
+    if (c == 2 && r == 0) rq.push_back(Make("b", r, {2, 3}));
+    if (c == 5 && r == 0) {
+      Request x = Make("x", r, {3});
+      x.collective = Collective::kAlltoall;
+      Request y = Make("y", r, {3});
+      y.collective = Collective::kBroadcast;
+      y.root = 1;
+      rq = {x, y};
+    }
+    return rq;
+  };
+  auto out = Drive(n, 8, schedule, Config(), nullptr, {}, joined);
+  for (int c = 0; c < 8; ++c) {
+    Expect(SameRuns(out, c), "join: every rank runs the same names in cycle " + std::to_string(c));
+  }
+  const std::vector<int> active = {3, 2, 2, 1, 1, 1, 3, 3};
+  for (int r = 0; r < n; ++r) {
+    const std::string who = "join: rank " + std::to_string(r);
+    for (int c = 0; c < 8; ++c) {
+      Expect(out[r][c].active == active[c], who + " cycle " + std::to_string(c) + ": active " +
+                                                std::to_string(out[r][c].active));
+      Expect(out[r][c].all_joined == (c == 6), who + " cycle " + std::to_string(c) + ": all_joined");
+    }
+    Expect(out[r][6].last_joined == 0, who + ": the last to join was rank 0");
+    Expect(out[r][1].run == std::vector<std::string>{"a"}, who + ": cached a runs in cycle 1");
+    const bool b_ran = out[r][4].run == std::vector<std::string>{"b"};
+    Expect(b_ran, who + ": b, offered before rank 1 joined, runs once the join completes it");
+    // Stand-ins: only ranks that had joined, with the metadata of a rank that offered.
+    const auto& a_in = out[r][1].stand_ins;
+    Expect((a_in.count("a") == 1) == (r == 2), who + ": stand-in for a only on rank 2");
+    if (r == 2 && a_in.count("a")) {
+      Expect(a_in.at("a").op == ReduceOp::kAverage && a_in.at("a").shape == std::vector<int64_t>{4},
+             who + ": a's stand-in has its op and shape");
+    }
+    const auto& b_in = out[r][4].stand_ins;
+    Expect((b_in.count("b") == 1) == (r != 0), who + ": stand-in for b on ranks 1 and 2");
+    if (b_in.count("b")) {
+      Expect(b_in.at("b").shape == (std::vector<int64_t>{2, 3}), who + ": b's stand-in shape");
+    }
+  }
+  std::string refusals;
+  for (const auto& [name, message] : out[0][5].refused) refusals += name + ": " + message + "\n";
+  Expect(Contains(refusals, "x: alltoall") && Contains(refusals, "have joined"),
+         "join: alltoall refused while ranks have joined, got " + refusals);
+  Expect(Contains(refusals, "y: broadcast") && Contains(refusals, "root_rank=1 has joined"),
+         "join: broadcast from a joined root refused, got " + refusals);
+  Expect(out[1][5].refused.empty() && out[2][5].refused.empty(),
+         "join: joined ranks had nothing to refuse");
+}
+
 }  // namespace
 
 int main() {
@@ -234,5 +298,6 @@ int main() {
   AStallTimesOutNamingTheMissingRank();
   ShutdownIsSeenByEveryRank();
   ADuplicateNameIsRefusedLocally();
+  JoinedRanksStandInUntilEveryRankJoined();
   return ddl_test::Summary();
 }

@@ -896,5 +896,71 @@ def process_set_without_rank_1():
         raise AssertionError("differing process set lists were accepted")
 
 
+@case
+def join_stands_in_for_ranks_out_of_data():
+    """Ranks run different numbers of steps, then join: a joined rank adds
+    zeros to Sum, an Average divides by the active ranks, allgather gets no
+    rows from it, reducescatter and broadcast run; cached and new names,
+    eager and in tf.function. A broadcast from a joined root and an
+    alltoall are refused where they run. join returns the last rank on
+    every rank, and afterwards every rank counts again."""
+    steps = [2 + (r + 1) % size for r in range(size)]  # unique; the most: rank size - 2 or 0
+    last = int(np.argmax(steps))
+    fn_sum = tf.function(lambda t: ddl.allreduce(t, op=ddl.Sum, name="join.fn"))
+    joined = False
+    try:
+        for s in range(steps[rank]):
+            active = [q for q in range(size) if steps[q] > s]
+            x = values(rank, [5], tf.float32, seed=40 + s)
+            xs = [values(q, [5], tf.float32, seed=40 + s) for q in active]
+            got = ddl.allreduce(tf.constant(x), op=ddl.Average, name="join.avg").numpy()
+            np.testing.assert_allclose(got, _in_order(xs, np.add) / np.float32(len(active)),
+                                       rtol=1e-6, err_msg=f"Average at step {s}")
+            ints = [values(q, [3], tf.int32, seed=50 + s) for q in active]
+            assert_exact(ddl.allreduce(tf.constant(values(rank, [3], tf.int32, seed=50 + s)),
+                                       op=ddl.Sum, name=f"join.sum.{s}").numpy(),
+                         _in_order(ints, np.add), f"new-name Sum at step {s}")
+            assert_exact(fn_sum(tf.constant(x)).numpy(), _in_order(xs, np.add),
+                         f"Sum in tf.function at step {s}")
+            rows = np.full([rank + 1, 2], rank, np.int64)
+            assert_exact(ddl.allgather(tf.constant(rows), name="join.gather").numpy(),
+                         np.concatenate([np.full([q + 1, 2], q, np.int64) for q in active]),
+                         f"allgather at step {s}")
+            m = np.arange(2 * size * 3, dtype=np.float32).reshape(2 * size, 3) * (rank + 1)
+            got = ddl.reducescatter(tf.constant(m), op=ddl.Average, name="join.rs").numpy()
+            full = sum(np.arange(2 * size * 3, dtype=np.float32).reshape(2 * size, 3) * (q + 1)
+                       for q in active) / np.float32(len(active))
+            np.testing.assert_allclose(got, full[2 * rank:2 * rank + 2], rtol=1e-6,
+                                       err_msg=f"reducescatter Average at step {s}")
+            assert_exact(ddl.broadcast(tf.constant(x), root_rank=last, name=f"join.b.{s}").numpy(),
+                         values(last, [5], tf.float32, seed=40 + s), f"broadcast at step {s}")
+            if len(active) == 1:  # only `last` runs this step: the others have joined
+                gone = next(q for q in range(size) if q != rank)
+                for what, call in [
+                        ("has joined", lambda: ddl.broadcast(tf.constant(x), root_rank=gone,
+                                                             name=f"join.bad_b.{s}")),
+                        ("have joined", lambda: ddl.alltoall(tf.zeros([size]),
+                                                             name=f"join.bad_a.{s}"))]:
+                    try:
+                        call()
+                    except tf.errors.InvalidArgumentError as e:
+                        assert what in str(e) and f"rank {rank}" in str(e), e
+                    else:
+                        raise AssertionError(f"ran although ranks {what}")
+        joined = True
+        got_last = ddl.join()
+        assert got_last == last, f"join returned {got_last}, the last to join was {last}"
+    finally:
+        if not joined:
+            ddl.join()  # a failing rank still joins, so the others are not left waiting
+    assert_exact(ddl.allreduce(tf.constant([float(rank)]), op=ddl.Average, name="join.avg2").numpy(),
+                 np.array([sum(range(size)) / size], np.float32), "Average after the join")
+    # In a tf.function the op returns a tensor; ranks that join in the same
+    # cycle agree on the highest of them.
+    got = tf.function(ddl.join)()
+    assert isinstance(got, tf.Tensor) and 0 <= int(got) < size, got
+    same_on_all_ranks(np.array([int(got)]), "join's result in tf.function")
+
+
 if __name__ == "__main__":
     run_cases()

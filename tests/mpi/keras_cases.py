@@ -142,6 +142,86 @@ def fit_lars_matches_single_process():
 
 
 @case
+def join_callback_trains_ranks_with_different_batch_counts():
+    """Ranks hold different numbers of batches: with JoinCallback every step
+    averages the ranks that still have a batch, and after each epoch all
+    ranks continue from the same weights: those of a single process that
+    trains, step by step, on the concatenation of the batches that exist."""
+    batches = [2 + (r + 1) % size for r in range(size)]
+    make_optimizer = lambda: keras.optimizers.SGD(0.1, momentum=0.9)  # noqa: E731
+    model = make_model(100 + rank)
+    w0 = comm.bcast(model.get_weights() if rank == 0 else None, root=0)
+    model.compile(optimizer=ddl.DistributedOptimizer(make_optimizer(), name="join_fit"),
+                  loss="mse", jit_compile=False)
+    x, y = shard(rank, seed=3, rows=BATCH * batches[rank])
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[ddl.callbacks.JoinCallback(),
+                         ddl.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_same_on_all_ranks(model.get_weights(), "weights after joins")
+    assert_same_on_all_ranks(values(model.optimizer.variables), "optimizer variables after joins")
+    reference = make_model(0)
+    reference.set_weights(w0)
+    reference.compile(optimizer=make_optimizer(), loss="mse", jit_compile=False)
+    shards = [shard(q, seed=3, rows=BATCH * batches[q]) for q in range(size)]
+    for _ in range(EPOCHS):
+        for u in range(max(batches)):
+            have = [shards[q] for q in range(size) if batches[q] > u]
+            reference.train_on_batch(np.concatenate([sx[u * BATCH:(u + 1) * BATCH] for sx, _ in have]),
+                                     np.concatenate([sy[u * BATCH:(u + 1) * BATCH] for _, sy in have]))
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert int(model.optimizer.iterations) == EPOCHS * max(batches)
+
+
+@case
+def join_in_a_custom_loop_with_gradient_tape():
+    """A custom loop (DistributedGradientTape, tf.function step) where each
+    rank stops after its own number of batches and joins; the last rank to
+    join holds the weights of single-process steps on the batches that
+    exist, and broadcasting them makes every rank equal."""
+    batches = [2 + (r + 1) % size for r in range(size)]
+    model = make_model(7)  # same start everywhere
+    w0 = [w.copy() for w in model.get_weights()]
+    opt = keras.optimizers.SGD(0.05)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        tape = ddl.DistributedGradientTape(tape, name="join_tape")
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    x, y = shard(rank, seed=4, rows=BATCH * batches[rank])
+    joined = False
+    try:
+        for u in range(batches[rank]):
+            step(x[u * BATCH:(u + 1) * BATCH], y[u * BATCH:(u + 1) * BATCH])
+        joined = True
+        last = ddl.join()
+    finally:
+        if not joined:
+            ddl.join()
+    assert last == int(np.argmax(batches)), (last, batches)
+    ddl.broadcast_variables(model.variables, root_rank=last)
+    assert_same_on_all_ranks(model.get_weights(), "weights after join and broadcast")
+    reference = make_model(7)
+    reference.set_weights(w0)
+    ref_opt = keras.optimizers.SGD(0.05)
+    shards = [shard(q, seed=4, rows=BATCH * batches[q]) for q in range(size)]
+    for u in range(max(batches)):
+        have = [shards[q] for q in range(size) if batches[q] > u]
+        bx = np.concatenate([sx[u * BATCH:(u + 1) * BATCH] for sx, _ in have])
+        by = np.concatenate([sy[u * BATCH:(u + 1) * BATCH] for _, sy in have])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(reference(bx) - by))
+        ref_opt.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
+                                    reference.trainable_variables))
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@case
 def fit_gradient_accumulation_matches_single_process():
     # Two local batches per update: one allreduce per update, and the
     # update is the reference's on a global batch of 2 * BATCH * size rows.
