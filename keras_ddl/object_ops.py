@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 import tensorflow as tf
 
-from . import basics
+from . import basics, process_sets
 from .ops import _check_root, allgather, auto_name, broadcast
 
 
@@ -38,14 +38,17 @@ def _to_bytes(obj):
 _FAILED = -1
 
 
-def broadcast_object(obj, root_rank=0, name=None):
-    """Returns ``root_rank``'s ``obj`` on every rank.
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Returns ``root_rank``'s ``obj`` on every rank (of ``process_set``).
 
     Args:
         obj: Any picklable object; only the root's is used (others may pass
             None).
-        root_rank: The rank whose object every rank gets. Defaults to 0.
+        root_rank: The world rank whose object every rank gets (in
+            ``process_set``). Defaults to 0.
         name: Prefix of the two collectives' names, or None.
+        process_set: A registered ``ProcessSet`` whose ranks alone call it,
+            or None (default): every rank.
 
     Returns:
         An unpickled copy of the root's object (the root gets its own
@@ -53,40 +56,47 @@ def broadcast_object(obj, root_rank=0, name=None):
     """
     _check_eager("broadcast_object")
     _check_root(root_rank)
-    base = auto_name(name, "broadcast_object")
+    base = auto_name(name, "broadcast_object", process_sets.set_id(process_set, "broadcast_object"))
     is_root = basics.rank() == root_rank
     payload, why = _to_bytes(obj) if is_root else (np.zeros([0], np.uint8), None)
     mine = _FAILED if payload is None else payload.size
-    length = int(broadcast(tf.constant([mine], tf.int64), root_rank,
-                           name=base + ".length").numpy()[0])
+    length = int(broadcast(tf.constant([mine], tf.int64), root_rank, name=base + ".length",
+                           process_set=process_set).numpy()[0])
     if length == _FAILED:
         raise TypeError(f"keras_ddl: broadcast_object: root rank {root_rank} cannot pickle "
                         f"its object ({why or 'see its error'}); raised on rank {basics.rank()}")
     if not is_root:
         payload = np.zeros([length], np.uint8)
-    data = broadcast(tf.constant(payload), root_rank, name=base + ".bytes")
+    data = broadcast(tf.constant(payload), root_rank, name=base + ".bytes",
+                     process_set=process_set)
     return obj if is_root else pickle.loads(data.numpy().tobytes())
 
 
-def allgather_object(obj, name=None):
-    """Returns the list of every rank's ``obj``, in rank order.
+def allgather_object(obj, name=None, process_set=None):
+    """Returns the list of every rank's ``obj`` (of ``process_set``), in rank order.
 
     Args:
         obj: Any picklable object.
         name: Prefix of the two collectives' names, or None.
+        process_set: A registered ``ProcessSet`` whose ranks alone call it,
+            or None (default): every rank.
 
     Returns:
-        A list of ``size()`` objects (unpickled copies, this rank's too).
+        A list of ``size()`` objects, or of the set's size (unpickled
+        copies, this rank's too).
     """
     _check_eager("allgather_object")
-    base = auto_name(name, "allgather_object")
+    base = auto_name(name, "allgather_object",
+                     process_sets.set_id(process_set, "allgather_object"))
     payload, why = _to_bytes(obj)
     mine = _FAILED if payload is None else payload.size
-    lengths = allgather(tf.constant([mine], tf.int64), name=base + ".lengths").numpy()
-    failed = [r for r, n in enumerate(lengths) if n == _FAILED]
+    lengths = allgather(tf.constant([mine], tf.int64), name=base + ".lengths",
+                        process_set=process_set).numpy()
+    ranks = list(range(basics.size())) if process_set is None else process_set.ranks
+    failed = [ranks[i] for i, n in enumerate(lengths) if n == _FAILED]
     if failed:
         raise TypeError(f"keras_ddl: allgather_object: rank(s) {failed} cannot pickle their "
                         f"object{' (' + why + ')' if why else ''}; raised on rank {basics.rank()}")
-    data = allgather(tf.constant(payload), name=base + ".bytes").numpy()
+    data = allgather(tf.constant(payload), name=base + ".bytes", process_set=process_set).numpy()
     ends = np.cumsum(lengths)
     return [pickle.loads(data[end - n:end].tobytes()) for n, end in zip(lengths, ends)]

@@ -93,6 +93,24 @@ def test_refused_arguments_name_themselves():
         ddl.broadcast_global_variables(0)
 
 
+def test_process_set_arguments_of_one_process():
+    hvd.init(process_sets="dynamic")  # accepted: sets can always be added later
+    with pytest.raises(ValueError, match="process_sets='static'"):
+        hvd.init(process_sets="static")
+    with pytest.raises(ValueError, match="item 0 is \\[0\\], not a ProcessSet"):
+        hvd.init(process_sets=[[0]])
+    unregistered = hvd.ProcessSet([0])
+    assert (unregistered.size(), unregistered.rank(), unregistered.included()) == (None, None, True)
+    assert hvd.remove_process_set(unregistered) is False
+    with pytest.raises(ValueError, match=r"allgather\(process_set=.*not registered.*rank 0"):
+        hvd_tf.allgather(tf.ones([1]), process_set=unregistered)
+    with pytest.raises(ValueError, match=r"size_op\(process_set_id=99\)"):
+        hvd_tf.size_op(process_set_id=99)
+    alone = hvd.add_process_set([0])
+    assert alone.process_set_id > 0 and int(hvd_tf.size_op(alone.process_set_id)) == 1
+    assert hvd.remove_process_set(alone) is True and alone.process_set_id is None
+
+
 def test_sync_batch_norm_config_round_trip_and_saved_model(tmp_path):
     layer = ddl.SyncBatchNormalization(axis=1, momentum=0.7, epsilon=1e-2, center=False,
                                        gamma_initializer="ones", name="sbn")

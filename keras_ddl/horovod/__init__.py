@@ -7,8 +7,9 @@ import line only.
 
 Names, argument names, their order and defaults are Horovod 0.28's.
 Arguments without a meaning here (devices, name scopes) are accepted and
-ignored; the ones keras_ddl cannot honour (process sets other than the
-global one, Adasum, explicit gradient groups, TF1 sessions) raise
-NotImplementedError naming the argument. README.md, "Coming from Horovod",
-lists what differs on purpose.
+ignored; the ones keras_ddl cannot honour (Adasum, explicit gradient
+groups, a process set for the optimizer or tape, TF1 sessions) raise
+NotImplementedError naming the argument. Process sets are keras_ddl's: the
+collectives take `process_set=`, and `root_rank` is a world rank in it.
+README.md, "Coming from Horovod", lists what differs on purpose.
 """

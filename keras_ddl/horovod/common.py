@@ -1,43 +1,127 @@
 """What the Horovod front doors share: start-up, process sets, build flags
-and the checks of Horovod-only arguments."""
+and the checks of Horovod-only arguments.
+
+Process sets are keras_ddl's (``keras_ddl.process_sets``): as in Horovod,
+``root_rank`` is a world rank (``hvd.rank()``), which must be in the set,
+and ``ProcessSet.rank()`` is the index in the set.
+"""
 
 import keras_ddl as ddl
 from keras_ddl import basics
 
 
 class ProcessSet(ddl.ProcessSet):
-    """Horovod's ProcessSet: keras_ddl's (ranks, included, rank, size). The
-    front door runs collectives over the global set only; a set naming
-    every rank counts as it."""
+    """Horovod's ProcessSet: keras_ddl's, registered by ``init(process_sets=)``
+    or ``add_process_set``.
 
-    def _is_global(self):
-        return self.ranks == list(range(basics.size()))
+    Args:
+        ranks_or_comm: The world ranks of the set, or an mpi4py communicator
+            (the set is its processes).
+    """
+
+    def __init__(self, ranks_or_comm):
+        super().__init__(_ranks_of(ranks_or_comm))
+
+    def rank(self):
+        """This rank's index in the set (None while the set is not
+        registered). Collectives still take world ranks as ``root_rank``."""
+        if self.process_set_id is None:
+            return None
+        if not self.included():
+            raise ValueError(f"keras_ddl.horovod: rank {basics.rank()} is not in {self!r}, so "
+                             "it has no rank in it")
+        return super().rank()
+
+    def size(self):
+        """The number of ranks in the set (None while it is not registered)."""
+        return None if self.process_set_id is None else super().size()
+
+
+def _ranks_of(ranks_or_comm):
+    """World ranks of a list of ranks or of an mpi4py communicator."""
+    if not hasattr(ranks_or_comm, "Get_group"):
+        return ranks_or_comm
+    from mpi4py import MPI
+    group = ranks_or_comm.Get_group()
+    return MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                     MPI.COMM_WORLD.Get_group())
 
 
 global_process_set = ddl.global_process_set
 
+# Sets registered through the front door, by id (for the *_op(process_set_id)).
+_registered = {}
+
 
 def check_process_set(process_set, function):
-    """Raises NotImplementedError unless `process_set` is the global set."""
-    if process_set is global_process_set:
-        return
-    if isinstance(process_set, ProcessSet) and process_set._is_global():
-        return
-    raise NotImplementedError(
-        f"keras_ddl.horovod: {function}(process_set={process_set!r}): only the global process "
-        f"set is supported (rank {basics.rank()}); every collective runs over all ranks")
+    """The keras_ddl process set for a collective's ``process_set`` argument
+    (None: every rank); a ValueError naming the argument and the rank when
+    the set is not registered or this rank is not in it."""
+    if process_set is None or process_set is global_process_set:
+        return None
+    if not isinstance(process_set, ddl.ProcessSet):
+        raise ValueError(f"keras_ddl.horovod: {function}(process_set={process_set!r}) must be "
+                         f"a ProcessSet (rank {basics.rank()})")
+    if process_set.process_set_id is None:
+        raise ValueError(f"keras_ddl.horovod: {function}(process_set={process_set!r}) is not "
+                         "registered (or was removed): pass it to hvd.init(process_sets=[...]) "
+                         f"or hvd.add_process_set first (rank {basics.rank()})")
+    if not process_set.included():
+        raise ValueError(f"keras_ddl.horovod: {function}(process_set={process_set!r}): rank "
+                         f"{basics.rank()} is not in the set; only its ranks call its "
+                         "collectives")
+    return process_set
 
 
 def add_process_set(process_set):
-    """Not supported: raises NotImplementedError."""
-    raise NotImplementedError("keras_ddl.horovod: add_process_set is not supported; only the "
-                              f"global process set exists (got {process_set!r})")
+    """Registers a process set; a collective call of every rank of the job
+    (members or not), which must all pass the same ranks.
+
+    Args:
+        process_set: A ``ProcessSet`` or a list of world ranks.
+
+    Returns:
+        The registered ``ProcessSet``.
+    """
+    if not isinstance(process_set, ddl.ProcessSet):
+        process_set = ProcessSet(process_set)
+    registered = ddl.add_process_set(process_set)
+    _registered[registered.process_set_id] = registered
+    return registered
 
 
 def remove_process_set(process_set):
-    """Not supported: raises NotImplementedError."""
-    raise NotImplementedError("keras_ddl.horovod: remove_process_set is not supported; only "
-                              f"the global process set exists (got {process_set!r})")
+    """Makes a registered set unusable; call it on every rank.
+
+    The set's collectives are refused from then on (its ``process_set_id``
+    becomes None); its engine thread on the member ranks stays idle until
+    ``shutdown``: keras_ddl does not free a set before then.
+
+    Args:
+        process_set: A ``ProcessSet`` registered by ``init`` or ``add_process_set``.
+
+    Returns:
+        True if it was removed; False for the global set or a set that is
+        not registered, as Horovod.
+    """
+    set_id = getattr(process_set, "process_set_id", None)
+    if set_id is None or set_id == 0:
+        return False
+    _registered.pop(set_id, None)
+    process_set.process_set_id = None
+    return True
+
+
+def set_by_id(process_set_id, function):
+    """The registered set with ``process_set_id`` (0: the global set)."""
+    if process_set_id == 0:
+        return global_process_set
+    process_set = _registered.get(process_set_id)
+    if process_set is None:
+        raise ValueError(f"keras_ddl.horovod: {function}(process_set_id={process_set_id!r}): no "
+                         "process set with this id is registered through keras_ddl.horovod "
+                         f"(rank {basics.rank()})")
+    return process_set
 
 
 class _Adasum:
@@ -79,20 +163,40 @@ def check_session(session, function):
 
 
 def init(comm=None, process_sets=None):
-    """Starts keras_ddl (idempotent).
+    """Starts keras_ddl (idempotent) and registers ``process_sets``.
 
     Args:
         comm: None, an mpi4py communicator or a list of ranks; it must
             cover every process (MPI_COMM_WORLD), else NotImplementedError.
-        process_sets: None or an empty list; other values raise
-            NotImplementedError.
+        process_sets: None, "dynamic" (accepted: sets can always be added
+            later with ``add_process_set``) or a list of ``ProcessSet`` to
+            register, in order, on every rank (a set already registered is
+            skipped).
     """
-    if process_sets:
-        raise NotImplementedError(f"keras_ddl.horovod: init(process_sets={process_sets!r}): "
-                                  "process sets are not supported; only the global set exists")
+    sets = _process_set_list(process_sets)
     basics.init()
-    if comm is None:
-        return
+    if comm is not None:
+        _check_comm(comm)
+    for process_set in sets:
+        if process_set.process_set_id is None:
+            add_process_set(process_set)
+
+
+def _process_set_list(process_sets):
+    if process_sets is None or process_sets == "dynamic":
+        return []
+    if isinstance(process_sets, str) or not hasattr(process_sets, "__iter__"):
+        raise ValueError(f"keras_ddl.horovod: init(process_sets={process_sets!r}) must be a "
+                         "list of ProcessSet or \"dynamic\"")
+    sets = list(process_sets)
+    for i, process_set in enumerate(sets):
+        if not isinstance(process_set, ddl.ProcessSet):
+            raise ValueError(f"keras_ddl.horovod: init(process_sets=...): item {i} is "
+                             f"{process_set!r}, not a ProcessSet")
+    return sets
+
+
+def _check_comm(comm):
     from mpi4py import MPI
     if isinstance(comm, MPI.Comm):
         same = MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT)
@@ -101,7 +205,7 @@ def init(comm=None, process_sets=None):
     if not same:
         raise NotImplementedError(f"keras_ddl.horovod: init(comm={comm!r}): keras_ddl runs over "
                                   "every process of MPI_COMM_WORLD; a sub-communicator is not "
-                                  "supported")
+                                  "supported (use process_sets=[hvd.ProcessSet(comm)])")
 
 
 def is_homogeneous():
@@ -194,10 +298,11 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         splits: Rows for each rank (None: even split).
         name: Name of the collective, or None.
         ignore_name_scope: Ignored (keras_ddl names are not scoped).
-        process_set: Must be the global process set.
+        process_set: The ranks that exchange (default: every rank); the
+            splits then have one entry per rank of the set.
     """
-    check_process_set(process_set, "alltoall")
-    return ddl.alltoall(tensor, splits=splits, name=name)
+    process_set = check_process_set(process_set, "alltoall")
+    return ddl.alltoall(tensor, splits=splits, name=name, process_set=process_set)
 
 
 def refuse_elastic(module_name, name):

@@ -388,13 +388,10 @@ def front_door_arguments_map_or_refuse():
     hvd.init(comm=MPI.COMM_WORLD)
     assert hvd.is_initialized() and hvd.is_homogeneous() and hvd.mpi_threads_supported()
     refusals = [
-        ("process_set", lambda: hvd_tf.allreduce(x, process_set=hvd.ProcessSet([0]))),
         ("Adasum", lambda: hvd_tf.allreduce(x, op=hvd.Adasum)),
         ("groups", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), groups=2)),
         ("comm", lambda: hvd.init(comm=[0])),
-        ("process_sets", lambda: hvd.init(process_sets=[hvd.ProcessSet([0])])),
         ("start_timeline", lambda: hvd.start_timeline("/tmp/t.json")),
-        ("alltoall(process_set", lambda: hvd.alltoall(x, process_set=hvd.ProcessSet([0]))),
     ]
     for word, call in refusals:
         try:
@@ -412,9 +409,150 @@ def front_door_arguments_map_or_refuse():
     assert_equal(received, np.arange(1, size + 1, dtype=np.int32), "hvd.alltoall received splits")
     assert_equal(hvd.alltoall(tf.constant(np.arange(size, dtype=np.float32)), name="hvd.a2a.even"),
                  np.full(size, rank, np.float32), "hvd.alltoall without splits: the tensor")
-    # The global set by its ranks is the global set.
-    assert_equal(hvd_tf.allreduce(x, op=hvd.Sum, process_set=hvd.ProcessSet(range(size))), total,
-                 "ProcessSet(all ranks)")
+    assert_equal(hvd_tf.allreduce(x, op=hvd.Sum, process_set=hvd.global_process_set), total,
+                 "process_set=global_process_set")
+
+
+def expect_error(call, error, words, what):
+    """Asserts `call()` raises `error` with every one of `words` in its message."""
+    try:
+        call()
+    except error as e:
+        assert all(w in str(e) for w in words), (what, str(e))
+    else:
+        raise AssertionError(f"{what}: no {error.__name__} on rank {rank}")
+
+
+def set_block(index, set_size, total):
+    """Set member `index`'s rows of a reducescatter of `total` rows over `set_size` ranks."""
+    base, extra = divmod(total, set_size)
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (1 if index < extra else 0))
+
+
+def check_set_collectives(ps, members):
+    """Every front-door collective over `ps` (this rank is one of `members`,
+    its world ranks) against numpy; `root_rank` is a world rank."""
+    me, n = members.index(rank), len(members)
+    assert (ps.included(), ps.rank(), ps.size()) == (True, me, n)
+    assert int(hvd_tf.size_op(process_set_id=ps.process_set_id)) == n
+    assert int(hvd_tf.process_set_included_op(ps.process_set_id)) == 1
+    x = rank_values(rank, [4, 3], seed=40)
+    inputs = [rank_values(r, [4, 3], seed=40) for r in members]
+    total = np.sum(inputs, axis=0)
+    assert_equal(hvd_tf.allreduce(x, op=hvd.Sum, process_set=ps), total, "set allreduce Sum")
+    assert_equal(hvd_tf.allreduce(x, process_set=ps), (total / n).astype(np.float32),
+                 "set allreduce Average (the default)")
+    # Named: an unnamed collective traced by the members only would shift
+    # keras_ddl.ops.auto_name's process-wide graph numbering on them, so the
+    # next unnamed collective traced by every rank would not pair up.
+    traced = tf.function(lambda t: hvd_tf.allreduce(t, average=False, process_set=ps,
+                                                    name="set.traced.allreduce"))
+    assert_equal(traced(tf.constant(x)), total, "set allreduce Sum in tf.function")
+    a, b = hvd_tf.grouped_allreduce([x, 2 * x], op=hvd.Sum, process_set=ps)
+    assert_equal(a, total, "set grouped_allreduce [0]")
+    assert_equal(b, 2 * total, "set grouped_allreduce [1]")
+    mine = rank_values(rank, [rows(rank), 2], seed=41)
+    gathered = np.concatenate([rank_values(r, [rows(r), 2], seed=41) for r in members])
+    assert_equal(hvd_tf.allgather(mine, process_set=ps), gathered, "set allgather")
+    assert_equal(hvd_tf.grouped_allgather([mine], process_set=ps)[0], gathered,
+                 "set grouped_allgather")
+    root = members[-1]
+    assert_equal(hvd_tf.broadcast(x, root_rank=root, process_set=ps),
+                 rank_values(root, [4, 3], seed=40), f"set broadcast from world rank {root}")
+    outsider = next(r for r in range(size + 1) if r not in members)
+    expect_error(lambda: hvd_tf.broadcast(x, root_rank=outsider, process_set=ps), ValueError,
+                 [f"root_rank={outsider}", "not in", f"rank {rank}"], "root outside the set")
+    for op, divisor in ((hvd.Sum, 1), (hvd.Average, n)):
+        got = hvd_tf.reducescatter(x, op=op, process_set=ps)
+        assert_equal(got, (total / np.float32(divisor))[set_block(me, n, 4)],
+                     f"set reducescatter {op.name}")
+    got = hvd_tf.grouped_reducescatter([x], op=hvd.Sum, process_set=ps)[0]
+    assert_equal(got, total[set_block(me, n, 4)], "set grouped_reducescatter")
+    sent = np.repeat(np.array(members, np.float32), me + 1) + 10 * rank
+    out, received = hvd_tf.alltoall(sent, splits=[me + 1] * n, process_set=ps)
+    want = np.concatenate([np.full(i + 1, 10 * r + rank, np.float32)
+                           for i, r in enumerate(members)])
+    assert_equal(out, want, "set alltoall")
+    assert_equal(received, np.arange(1, n + 1, dtype=np.int32), "set alltoall received splits")
+    variables = [tf.Variable(np.full([2], rank, np.float32)), tf.Variable(np.int32(rank))]
+    hvd_tf.broadcast_variables(variables, root_rank=root, process_set=ps)
+    assert_equal(variables[0].numpy(), np.full([2], root, np.float32), "set broadcast_variables")
+    assert int(variables[1].numpy()) == root, "set broadcast_variables int32"
+    variables[0].assign(np.full([2], rank, np.float32))
+    values = hvd_tf.broadcast_(variables[:1], root_rank=members[0], process_set=ps)
+    assert_equal(values[0], np.full([2], members[0], np.float32), "set broadcast_")
+    assert hvd_tf.broadcast_object(f"from {rank}", root_rank=root, process_set=ps) == \
+        f"from {root}"
+    assert hvd_tf.allgather_object({"r": rank}, process_set=ps) == [{"r": r} for r in members]
+    fn = hvd_tf.broadcast_object_fn(root_rank=root, process_set=ps)
+    assert fn(rank * 3) == root * 3
+
+
+@case
+def front_door_process_set_without_rank_1():
+    """Every rank but 1 (ranks 0 and 2 at 3 ranks; rank 0 alone at 2 ranks),
+    registered by hvd.init(process_sets=...), runs every front-door
+    collective among itself while rank 1 runs its own set's collective
+    (or a local computation); rank 1 is refused the others' set."""
+    members = [r for r in range(size) if r != 1]
+    others, alone = hvd.ProcessSet(members), hvd.ProcessSet([1])
+    hvd.init(process_sets=[others, alone])
+    assert others.process_set_id not in (None, 0) and alone.process_set_id not in (None, 0)
+    hvd.init(process_sets=[others, alone])  # registered sets are skipped, not added again
+    if rank in members:
+        check_set_collectives(others, members)
+    else:
+        local = np.linalg.matrix_power(np.array([[1.0, 1.0], [0.0, 1.0]]), 5)
+        assert local[0, 1] == 5.0  # work of its own meanwhile
+        assert_equal(hvd_tf.allreduce([3.0, 4.0], op=hvd.Sum, process_set=alone),
+                     np.array([3.0, 4.0], np.float32), "a set of one rank")
+        assert others.included() is False
+        assert int(hvd_tf.process_set_included_op(others.process_set_id)) == 0
+        expect_error(lambda: others.rank(), ValueError, ["rank 1", "not in"], "rank() outside")
+        for name, call in (
+                ("allreduce", lambda: hvd_tf.allreduce([1.0], process_set=others)),
+                ("broadcast_object", lambda: hvd_tf.broadcast_object(1, 0, process_set=others)),
+                ("alltoall", lambda: hvd.alltoall([1.0], process_set=others))):
+            expect_error(call, ValueError, [f"{name}(process_set=", "rank 1 is not in the set"],
+                         f"{name} outside the set")
+    # The world's collectives still pair up afterwards.
+    assert_equal(hvd_tf.allreduce([1.0], op=hvd.Sum, name="after.sets"),
+                 np.array([size], np.float32), "world allreduce after the sets")
+    assert hvd.remove_process_set(others) is True and others.process_set_id is None
+    assert hvd.remove_process_set(alone) is True
+
+
+@case
+def front_door_process_set_of_every_rank_and_removal():
+    everyone = hvd.add_process_set(list(range(size)))
+    assert isinstance(everyone, hvd.ProcessSet) and everyone.process_set_id not in (None, 0)
+    check_set_collectives(everyone, list(range(size)))
+    # A set of one rank, added from a ProcessSet; every rank registers it.
+    first = hvd.add_process_set(hvd.ProcessSet([0]))
+    if rank == 0:
+        check_set_collectives(first, [0])
+    x = tf.constant([1.0, 2.0])
+    expect_error(lambda: hvd_tf.allreduce(x, process_set=hvd.ProcessSet(range(size))), ValueError,
+                 ["not registered", f"rank {rank}"], "an unregistered set")
+    expect_error(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=everyone),
+                 NotImplementedError, ["DistributedOptimizer(process_set="], "optimizer over a set")
+    assert hvd.remove_process_set(everyone) is True
+    assert everyone.process_set_id is None and everyone.size() is None
+    expect_error(lambda: hvd_tf.allgather(x, process_set=everyone), ValueError,
+                 ["allgather(process_set=", "removed"], "a removed set")
+    assert hvd.remove_process_set(everyone) is False
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+    assert hvd.remove_process_set(first) is True
+    # Re-adding the ranks of a removed set registers a new one.
+    again = hvd.add_process_set(everyone)
+    assert again is everyone and everyone.process_set_id not in (None, 0)
+    assert_equal(hvd_tf.allreduce(x, op=hvd.Sum, process_set=everyone), x.numpy() * size,
+                 "a set added again")
+    # A communicator is a ProcessSet of its processes' world ranks.
+    halves = MPI.COMM_WORLD.Split(color=rank % 2, key=-rank)
+    assert hvd.ProcessSet(halves).ranks == [r for r in range(size) if r % 2 == rank % 2]
+    halves.Free()
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@
 
 Names, argument names, order and defaults follow Horovod 0.28. `device_*`
 and `ignore_name_scope` are accepted and ignored (keras_ddl runs its
-collectives on the CPU and does not scope names); `process_set` must be
-the global set, `session` None, and `op` not Adasum (NotImplementedError
-otherwise).
+collectives on the CPU and does not scope names); `session` must be None,
+and `op` not Adasum (NotImplementedError otherwise). `process_set` is a set
+registered by `init(process_sets=...)` or `add_process_set`; only its ranks
+call its collectives, and `root_rank` is a world rank (`rank()`) in it, as
+in Horovod.
 """
 
 import tensorflow as tf
@@ -23,12 +25,13 @@ from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F4
                       is_homogeneous, join, mpi_built, mpi_enabled, mpi_threads_supported,
                       nccl_built, reduce_op, refuse_elastic, remove_process_set, rocm_built,
                       start_timeline, stop_timeline)
+from ..common import set_by_id as _set_by_id
 
 
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
               compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
               name=None, process_set=global_process_set, ignore_name_scope=False):
-    """Reduces a tensor (or tf.IndexedSlices) over all ranks.
+    """Reduces a tensor (or tf.IndexedSlices) over all ranks (or `process_set`'s).
 
     Args:
         tensor: The tensor, variable or tf.IndexedSlices to reduce.
@@ -38,13 +41,15 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
         op: Average (default), Sum, Min, Max or Product.
         prescale_factor, postscale_factor: Multiply before / after the reduction.
         name: Name of the collective (the same on every rank), or None.
-        process_set: Must be the global process set.
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
         ignore_name_scope: Ignored.
     """
-    check_process_set(process_set, "allreduce")
+    process_set = check_process_set(process_set, "allreduce")
     return ddl.allreduce(tensor, op=reduce_op(op, average, "allreduce"), name=name,
                          compression=check_compression(compression, "allreduce"),
-                         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                         process_set=process_set)
 
 
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
@@ -55,27 +60,29 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
 
     Args: as `allreduce`, with `tensors` a list.
     """
-    check_process_set(process_set, "grouped_allreduce")
+    process_set = check_process_set(process_set, "grouped_allreduce")
     return ddl.grouped_allreduce(tensors, op=reduce_op(op, average, "grouped_allreduce"),
                                  name=name,
                                  compression=check_compression(compression, "grouped_allreduce"),
                                  prescale_factor=prescale_factor,
-                                 postscale_factor=postscale_factor)
+                                 postscale_factor=postscale_factor, process_set=process_set)
 
 
-def _compressed_reducescatter(tensor, compression, op, name, prescale_factor, postscale_factor):
+def _compressed_reducescatter(tensor, compression, op, name, prescale_factor, postscale_factor,
+                              process_set):
     tensor = tf.convert_to_tensor(tensor)
     wire = compression.wire_dtype
     cast = wire is not None and tensor.dtype.is_floating and tensor.dtype != wire
     out = ddl.reducescatter(tf.cast(tensor, wire) if cast else tensor, op=op, name=name,
-                            prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                            process_set=process_set)
     return tf.cast(out, tensor.dtype) if cast else out
 
 
 def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False,
                   prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces over ranks and returns this rank's rows of axis 0.
+    """Reduces over ranks (or `process_set`'s) and returns this rank's rows of axis 0.
 
     Args:
         tensor: The tensor to reduce and split.
@@ -84,13 +91,14 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
         op: Average (default, as Horovod; keras_ddl's own default is Sum),
             Sum, Min, Max or Product.
         name: Name of the collective, or None.
-        process_set: Must be the global process set.
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
         prescale_factor, postscale_factor: Multiply before / after.
     """
-    check_process_set(process_set, "reducescatter")
+    process_set = check_process_set(process_set, "reducescatter")
     return _compressed_reducescatter(tensor, check_compression(compression, "reducescatter"),
                                      reduce_op(op, None, "reducescatter"), name,
-                                     prescale_factor, postscale_factor)
+                                     prescale_factor, postscale_factor, process_set)
 
 
 def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
@@ -100,50 +108,60 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
 
     Args: as `reducescatter`, with `tensors` a list.
     """
-    check_process_set(process_set, "grouped_reducescatter")
+    process_set = check_process_set(process_set, "grouped_reducescatter")
     compression = check_compression(compression, "grouped_reducescatter")
     op = reduce_op(op, None, "grouped_reducescatter")
-    if compression is Compression.none:
-        return ddl.grouped_reducescatter(tensors, op=op, prescale_factor=prescale_factor,
-                                         postscale_factor=postscale_factor)
-    base = ddl.ops.auto_name(None, "grouped_reducescatter")
+    # Member i is "<base>.<i>", as ddl.grouped_reducescatter names it.
+    base = _group_name(None, "grouped_reducescatter", process_set)
     return [_compressed_reducescatter(t, compression, op, f"{base}.{i}", prescale_factor,
-                                      postscale_factor) for i, t in enumerate(tensors)]
+                                      postscale_factor, process_set)
+            for i, t in enumerate(tensors)]
+
+
+def _group_name(name, kind, process_set):
+    """The name of a group of collectives (`name`, or the next unnamed one
+    of `process_set`, numbered apart from other sets')."""
+    return ddl.ops.auto_name(name, kind, ddl.process_sets.set_id(process_set, kind))
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Concatenates every rank's tensor along axis 0.
+    """Concatenates every rank's tensor (or `process_set`'s ranks') along axis 0.
 
     Args:
         tensor: The tensor (first dimension may differ between ranks).
         name: Name of the collective, or None.
         ignore_name_scope: Ignored.
-        process_set: Must be the global process set.
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
     """
-    check_process_set(process_set, "allgather")
-    return ddl.allgather(tensor, name=name)
+    process_set = check_process_set(process_set, "allgather")
+    return ddl.allgather(tensor, name=name, process_set=process_set)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """`allgather` of each tensor of a list. Args: as `allgather`."""
-    check_process_set(process_set, "grouped_allgather")
-    return ddl.grouped_allgather(tensors, name=name)
+    process_set = check_process_set(process_set, "grouped_allgather")
+    base = _group_name(name, "grouped_allgather", process_set)
+    return [ddl.allgather(t, name=f"{base}.{i}", process_set=process_set)
+            for i, t in enumerate(tensors)]
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
-    """Returns `root_rank`'s tensor on every rank.
+    """Returns `root_rank`'s tensor on every rank (of `process_set`).
 
     Args:
         tensor: The tensor (same shape on every rank).
-        root_rank: The sending rank.
+        root_rank: The sending rank: a world rank (`rank()`), in
+            `process_set`, as in Horovod.
         name: Name of the collective, or None.
         ignore_name_scope: Ignored.
-        process_set: Must be the global process set.
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
     """
-    check_process_set(process_set, "broadcast")
-    return ddl.broadcast(tensor, root_rank=root_rank, name=name)
+    process_set = check_process_set(process_set, "broadcast")
+    return ddl.broadcast(tensor, root_rank=root_rank, name=name, process_set=process_set)
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
@@ -151,12 +169,26 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 
     Args:
         variables: A list of variables.
-        root_rank: The sending rank.
+        root_rank: The sending world rank (in `process_set`).
         name: Prefix of the collectives' names, or None.
-        process_set: Must be the global process set.
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
     """
-    check_process_set(process_set, "broadcast_")
-    return ddl.broadcast_(variables, root_rank, name=name)
+    process_set = check_process_set(process_set, "broadcast_")
+    if process_set is None:
+        return ddl.broadcast_(variables, root_rank, name=name)
+    variables = list(variables)
+    _assign_broadcast(variables, root_rank, _group_name(name, "broadcast_", process_set),
+                      process_set)
+    return [tf.convert_to_tensor(v) for v in variables]
+
+
+def _assign_broadcast(variables, root_rank, base, process_set):
+    """Assigns `root_rank`'s values to `variables`, one broadcast over
+    `process_set` each (named "<base>.<i>")."""
+    for i, v in enumerate(variables):
+        v.assign(ddl.broadcast(tf.convert_to_tensor(v), root_rank, name=f"{base}.{i}",
+                               process_set=process_set))
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
@@ -164,12 +196,17 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
     Args:
         variables: A list of variables.
-        root_rank: The sending rank.
-        process_set: Must be the global process set.
+        root_rank: The sending world rank (in `process_set`).
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
         inplace: Ignored (keras_ddl always assigns in place).
     """
-    check_process_set(process_set, "broadcast_variables")
-    ddl.broadcast_variables(variables, root_rank=root_rank)
+    process_set = check_process_set(process_set, "broadcast_variables")
+    if process_set is None:
+        ddl.broadcast_variables(variables, root_rank=root_rank)
+        return
+    _assign_broadcast(list(variables), root_rank,
+                      _group_name(None, "broadcast_variables", process_set), process_set)
 
 
 def broadcast_global_variables(root_rank):
@@ -180,39 +217,43 @@ def broadcast_global_variables(root_rank):
 
 def broadcast_object(obj, root_rank=0, session=None, name=None,
                      process_set=global_process_set):
-    """Returns `root_rank`'s picklable `obj` on every rank.
+    """Returns `root_rank`'s picklable `obj` on every rank (of `process_set`).
 
     Args:
         obj: The object (only the root's is used).
-        root_rank: The sending rank.
+        root_rank: The sending world rank (in `process_set`).
         session: Must be None (no TF1 sessions).
         name: Prefix of the collectives' names, or None.
-        process_set: Must be the global process set.
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
     """
     check_session(session, "broadcast_object")
-    check_process_set(process_set, "broadcast_object")
-    return ddl.broadcast_object(obj, root_rank=root_rank, name=name)
+    process_set = check_process_set(process_set, "broadcast_object")
+    return ddl.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
     """A function `fn(obj)` that calls `broadcast_object` with these arguments."""
     check_session(session, "broadcast_object_fn")
-    check_process_set(process_set, "broadcast_object_fn")
-    return lambda obj: ddl.broadcast_object(obj, root_rank=root_rank, name=name)
+    process_set = check_process_set(process_set, "broadcast_object_fn")
+    return lambda obj: ddl.broadcast_object(obj, root_rank=root_rank, name=name,
+                                            process_set=process_set)
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Returns the list of every rank's picklable `obj`, in rank order.
+    """Returns the list of every rank's (or `process_set`'s ranks') picklable
+    `obj`, in rank order.
 
     Args:
         obj: The object.
         session: Must be None.
         name: Prefix of the collectives' names, or None.
-        process_set: Must be the global process set.
+        process_set: The ranks that take part (default: every rank); a
+            registered ProcessSet that includes this rank.
     """
     check_session(session, "allgather_object")
-    check_process_set(process_set, "allgather_object")
-    return ddl.allgather_object(obj, name=name)
+    process_set = check_process_set(process_set, "allgather_object")
+    return ddl.allgather_object(obj, name=name, process_set=process_set)
 
 
 def rank_op(name=None):
@@ -226,9 +267,12 @@ def local_rank_op(name=None):
 
 
 def size_op(process_set_id=0, name=None):
-    """size() as an int32 tensor (process_set_id must be 0, the global set)."""
-    _check_process_set_id(process_set_id, "size_op")
-    return ddl.size_op(name)
+    """The size of the set with `process_set_id` (0, default: size()) as an
+    int32 tensor; the set must be registered through this module."""
+    if process_set_id == 0:
+        return ddl.size_op(name)
+    size_of_set = _set_by_id(process_set_id, "size_op").size()
+    return tf.constant(size_of_set, tf.int32, name=name or "ddl_process_set_size")
 
 
 def local_size_op(name=None):
@@ -237,21 +281,20 @@ def local_size_op(name=None):
 
 
 def process_set_included_op(process_set_id=0, name=None):
-    """1 as an int32 tensor: every rank is in the global set (id 0)."""
-    _check_process_set_id(process_set_id, "process_set_included_op")
-    return tf.constant(1, tf.int32, name=name)
-
-
-def _check_process_set_id(process_set_id, function):
-    if process_set_id != 0:
-        raise NotImplementedError(f"keras_ddl.horovod: {function}(process_set_id="
-                                  f"{process_set_id!r}): only the global set (0) exists")
+    """1 if this rank is in the set with `process_set_id` (0, default: the
+    global set), else 0, as an int32 tensor."""
+    included = _set_by_id(process_set_id, "process_set_included_op").included()
+    return tf.constant(int(included), tf.int32, name=name)
 
 
 def check_gradient_args(function, op, gradient_predivide_factor, num_groups, groups,
                         process_set, compression):
     """Validates Horovod's gradient-reduction arguments; returns (op, compression)."""
-    check_process_set(process_set, function)
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError(
+            f"keras_ddl.horovod: {function}(process_set={process_set!r}): gradients are reduced "
+            f"over every rank only (rank {rank()}); reduce a plain tape's gradients with "
+            "hvd.grouped_allreduce(grads, process_set=...) instead")
     op = reduce_op(op, None, function)
     if op not in (Average, Sum):
         raise ValueError(f"keras_ddl.horovod: {function}(op={op.name}): gradients are reduced "
@@ -282,7 +325,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         gradient_predivide_factor: Accepted with op=Average; the average is
             the same (keras_ddl divides the sum once).
         num_groups, groups: Must be 0 / None.
-        process_set: Must be the global process set.
+        process_set: Must be the global set (NotImplementedError otherwise:
+            gradients are reduced over every rank).
         scale_local_gradients: Divide the gradients of sources registered
             with `register_local_source` by size().
     """

@@ -58,7 +58,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         average_aggregated_gradients: Divide the accumulated gradient by
             backward_passes_per_step (False, as Horovod: their sum).
         num_groups, groups: Must be 0 / None.
-        process_set: Must be the global process set.
+        process_set: Must be the global set (NotImplementedError otherwise:
+            gradients are reduced over every rank).
         scale_local_gradients: Divide the gradients of local variables by size().
     """
     return ddl.DistributedOptimizer(optimizer, **_optimizer_kwargs(
