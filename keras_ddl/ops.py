@@ -137,8 +137,9 @@ def _to_tensor(value, argument):
 
 # Per traced graph: (the order in which this process first built a
 # collective into it, a counter of its unnamed collectives).
+# graph -> {set id: (the graph's number among that set's graphs, counter)}
 _graph_names = weakref.WeakKeyDictionary()
-_graph_order = itertools.count()
+_graph_order = {}  # set id -> count of graphs with unnamed collectives of the set
 
 
 def auto_name(name, kind, set_id=0):
@@ -152,12 +153,15 @@ def auto_name(name, kind, set_id=0):
     if tf.executing_eagerly():
         counter = _eager_names.setdefault(set_id, itertools.count())
         return f"{prefix}{kind}.{next(counter)}"
-    graph = tf.compat.v1.get_default_graph()
-    entry = _graph_names.get(graph)
+    # A graph is numbered in each set's own order, when it first names a
+    # collective of that set: a function traced only by a set's members
+    # must not shift the world's numbering of later graphs.
+    per_set = _graph_names.setdefault(tf.compat.v1.get_default_graph(), {})
+    entry = per_set.get(set_id)
     if entry is None:
-        entry = _graph_names[graph] = (next(_graph_order), {})
-    counter = entry[1].setdefault(set_id, itertools.count())
-    return f"{prefix}graph{entry[0]}.{kind}.{next(counter)}"
+        order = _graph_order.setdefault(set_id, itertools.count())
+        entry = per_set[set_id] = (next(order), itertools.count())
+    return f"{prefix}graph{entry[0]}.{kind}.{next(entry[1])}"
 
 
 def _name_input(name, kind, carried=None, set_id=0):

@@ -841,7 +841,7 @@ def unnamed_collectives_of_two_functions_never_share_a_name():
 def process_set_without_rank_1():
     """A set of every rank but 1 reduces, gathers, broadcasts and
     differentiates among itself while rank 1 does something else; unnamed
-    calls in the set do not shift the world's numbering; rank 1 is refused
+    calls in the set, eager or traced, do not shift the world's numbering; rank 1 is refused
     the set's ops; a list that differs between ranks is refused everywhere."""
     members = [r for r in range(size) if r != 1]
     ps = ddl.add_process_set(members)
@@ -885,9 +885,13 @@ def process_set_without_rank_1():
             assert "not a member of process set" in str(e) and f"(rank {rank})" in str(e), e
         else:
             raise AssertionError("rank 1 ran a collective of a set it is not in")
-    # The world's unnamed numbering is the same on every rank afterwards.
+    # The world's unnamed numbering is the same on every rank afterwards,
+    # eager and traced (only the members traced `grad`).
     assert_exact(ddl.allreduce(tf.ones([2]), op=ddl.Sum).numpy(), np.full([2], size, np.float32),
                  "world allreduce after the set's calls")
+    world_fn = tf.function(lambda t: ddl.allreduce(t, op=ddl.Sum))
+    assert_exact(world_fn(tf.ones([2])).numpy(), np.full([2], size, np.float32),
+                 "traced unnamed world allreduce after a function only the set traced")
     try:
         ddl.add_process_set([0] if rank == 0 else [0, size - 1])
     except ValueError as e:
