@@ -97,12 +97,14 @@ Status Config::FromEnvironment(Config* c) {
   }
   if (const char* priority = std::getenv("DDL_ENGINE_PRIORITY")) {
     std::string p(priority);
-    if (p == "high") {
+    if (p == "auto") {
+      c->engine_priority = EnginePriority::kAuto;
+    } else if (p == "high") {
       c->engine_priority = EnginePriority::kHigh;
     } else if (p == "normal") {
       c->engine_priority = EnginePriority::kNormal;
     } else {
-      return Invalid("DDL_ENGINE_PRIORITY", priority, "one of high, normal");
+      return Invalid("DDL_ENGINE_PRIORITY", priority, "one of auto, high, normal");
     }
   }
   if (const char* path = std::getenv("DDL_TIMELINE")) c->timeline_path = path;

@@ -9,8 +9,9 @@
 namespace ddl {
 
 enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical };
-// How the engine thread claims its core (engine/thread_priority.h).
-enum class EnginePriority { kNormal, kHigh };
+// How the engine thread claims its core (engine/thread_priority.h); kAuto
+// is kHigh when the job spans several nodes, kNormal on one.
+enum class EnginePriority { kNormal, kHigh, kAuto };
 
 struct Config {
   double fusion_threshold_mb = 128.0;  // DDL_FUSION_THRESHOLD_MB, 0 disables fusion
@@ -27,7 +28,7 @@ struct Config {
   double shm_pool_mb = 1024.0;
   double peer_timeout_s = 15.0;       // DDL_PEER_TIMEOUT_S, 0 = never: silence => dead peer
   int spin_polls = 50;                // DDL_SPIN_POLLS: busy polls before a wait yields
-  EnginePriority engine_priority = EnginePriority::kHigh;  // DDL_ENGINE_PRIORITY
+  EnginePriority engine_priority = EnginePriority::kAuto;  // DDL_ENGINE_PRIORITY
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);

@@ -289,7 +289,15 @@ void Engine::Admit(Work work) {
 }
 
 void Engine::Loop() {
-  ClaimEngineThread(ctx_->config.engine_priority);
+  // Across nodes a transfer needs the engine's polls while the backward
+  // pass keeps the core busy; inside one node the peers write shared
+  // memory directly, and prompt wakes only cost the compute context
+  // switches (docs/PERFORMANCE.md, "Engine thread priority").
+  EnginePriority priority = ctx_->config.engine_priority;
+  if (priority == EnginePriority::kAuto) {
+    priority = ctx_->size > ctx_->local_size ? EnginePriority::kHigh : EnginePriority::kNormal;
+  }
+  ClaimEngineThread(priority);
   try {
     while (RunCycle()) {
     }

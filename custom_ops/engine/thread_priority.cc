@@ -32,7 +32,7 @@ struct SchedAttr {
 
 void ClaimEngineThread(EnginePriority priority) {
   pthread_setname_np(pthread_self(), "ddl-engine");
-  if (priority == EnginePriority::kNormal) return;
+  if (priority != EnginePriority::kHigh) return;
   const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
   // Allowed for root, CAP_SYS_NICE or a permissive RLIMIT_NICE. Measured
   // (docs/PERFORMANCE.md) it hides more than the short slice and the two

@@ -12,7 +12,7 @@
 namespace ddl {
 
 // Names the calling thread "ddl-engine" (as `top -H` shows it) and, for
-// kHigh, asks the kernel to run it promptly when it wakes: nice -10 where
+// kHigh (the caller resolves kAuto), asks the kernel to run it promptly when it wakes: nice -10 where
 // the process may raise a priority (root, CAP_SYS_NICE or RLIMIT_NICE),
 // otherwise a 100 us scheduling slice, which Linux >= 6.12 turns into an
 // earlier deadline (no privilege needed). It only ever uses the core while

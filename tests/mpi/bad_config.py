@@ -45,23 +45,28 @@ def engine_thread_prio():
 
 
 def check_engine_priority(rank):
-    """DDL_ENGINE_PRIORITY reaches the engine thread: high (default) makes
-    it nice -10 when the process may (root here), normal leaves it alone.
-    (The unprivileged fallback, a short slice: tests/core/thread_priority_check.cc.)"""
+    """DDL_ENGINE_PRIORITY reaches the engine thread: high makes it nice -10
+    when the process may (root here), normal leaves it alone, auto (the
+    default) is high when the job spans several nodes (here: DDL_LOCAL_SIZE=1
+    makes each rank a node) and normal on one. (The unprivileged fallback,
+    a short slice: tests/core/thread_priority_check.cc.)"""
+    raised = 110 if os.geteuid() == 0 else 120
+    settings = [({}, 120), ({"DDL_LOCAL_SIZE": "1"}, raised),
+                ({"DDL_ENGINE_PRIORITY": "high"}, raised),
+                ({"DDL_ENGINE_PRIORITY": "normal", "DDL_LOCAL_SIZE": "1"}, 120)]
     problems = []
-    for setting in ("high", "normal"):
-        if setting == "normal":
-            os.environ["DDL_ENGINE_PRIORITY"] = "normal"
+    for env, want in settings:
+        os.environ.update(env)
         basics.init()
         deadline = time.time() + 5  # the engine thread names itself as it starts
         while (prio := engine_thread_prio()) is None and time.time() < deadline:
             time.sleep(0.01)
         MPI.COMM_WORLD.Barrier()  # one rank's shutdown stops every engine
         basics.shutdown()
-        os.environ.pop("DDL_ENGINE_PRIORITY", None)
-        want = 110 if setting == "high" and os.geteuid() == 0 else 120
+        for var in env:
+            os.environ.pop(var)
         if prio != want:
-            problems.append(f"{setting}: engine thread prio {prio}, expected {want}")
+            problems.append(f"{env or 'defaults'}: engine thread prio {prio}, expected {want}")
     report("engine_thread_priority", rank, not problems, "; ".join(problems))
 
 
