@@ -107,7 +107,9 @@ Negotiated Controller::Negotiate(bool shutting_down) {
   for (int slot = 0; slot < slots; ++slot) {
     const bool all = (words[1 + slot / 64] >> (slot % 64)) & 1;
     const bool none = (words[1 + slot_words + slot / 64] >> (slot % 64)) & 1;
-    if (all) {
+    // With ranks joined, "all" can hold for a name nobody offered (every
+    // rank joined agrees to everything): it runs only if some rank offered it.
+    if (all && !none) {
       const std::string& name = cache_.NameAt(slot);
       out.run.push_back(name);
       if (joined_ && !pending_.count(name)) out.stand_ins.emplace(name, cache_.RequestAt(slot));

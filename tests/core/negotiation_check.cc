@@ -262,6 +262,9 @@ void JoinedRanksStandInUntilEveryRankJoined() {
       Expect(out[r][c].all_joined == (c == 6), who + " cycle " + std::to_string(c) + ": all_joined");
     }
     Expect(out[r][6].last_joined == 0, who + ": the last to join was rank 0");
+    // Every rank joined agrees to every cached name, but nobody offered one.
+    Expect(out[r][6].run.empty() && out[r][6].stand_ins.empty(),
+           who + ": nothing runs in the cycle everyone has joined");
     Expect(out[r][1].run == std::vector<std::string>{"a"}, who + ": cached a runs in cycle 1");
     const bool b_ran = out[r][4].run == std::vector<std::string>{"b"};
     Expect(b_ran, who + ": b, offered before rank 1 joined, runs once the join completes it");
