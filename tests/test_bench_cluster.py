@@ -53,7 +53,14 @@ def test_fit_cluster_tables_and_timeline(tmp_path):
     layouts = [(r["overlap"], r["wire"]) for r in result["rows"]]
     assert layouts == [("off", "fp32"), ("on", "fp32"), ("off", "fp16"), ("on", "fp16")]
     for r in result["rows"]:
-        assert r["identical"] == "yes" and 0 < r["efficiency"] < 1.5, r
+        # efficiency is the ratio of the two step-time columns. Three timed
+        # steps of a tiny CNN swing by half on a shared 2-core machine (one
+        # CI run saw 1 rank at 52 ms, 2 nodes at 32 ms), so the bound only
+        # catches a broken measurement: a 2-node step more than twice as fast
+        # as the same step alone did not do the step.
+        assert r["identical"] == "yes", r
+        assert abs(r["efficiency"] - r["1rank_ms"] / r["2x1_ms"]) < 1e-9, r
+        assert 0 < r["efficiency"] < 2.0, r
     # Rank 0's trace of every layout, read step by step at TimelineCallback's
     # marks (4 steps a fit, the first left out, a warm-up fit and a timed
     # one): allreduce time inside the window cannot exceed the step's.
