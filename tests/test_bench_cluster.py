@@ -61,6 +61,9 @@ def test_fit_cluster_tables_and_timeline(tmp_path):
         assert r["identical"] == "yes", r
         assert abs(r["efficiency"] - r["1rank_ms"] / r["2x1_ms"]) < 1e-9, r
         assert 0 < r["efficiency"] < 2.0, r
+        # the control run split it: machine x communication
+        assert r["2x1_indep_ms"] > 0, r
+        assert abs(r["machine"] * r["communication"] - r["efficiency"]) < 1e-9, r
     # Rank 0's trace of every layout, read step by step at TimelineCallback's
     # marks (4 steps a fit, the first left out, a warm-up fit and a timed
     # one): allreduce time inside the window cannot exceed the step's.

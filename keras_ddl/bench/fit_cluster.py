@@ -9,7 +9,10 @@ fp16 on the wire, so the table shows what hides behind the backward pass.
         --image-size 128 --batch 8 --steps 6 --reps 2
 
 ``efficiency`` = 1-rank step time / 2-rank step time (medians over the
-fits' steps, first step of each fit left out, then over launches). A
+fits' steps, first step of each fit left out, then over launches), the
+product of ``machine`` = 1 rank / 2 independent plain-Keras ranks (one per
+node, no collectives: what the ranks cost each other through the machine)
+and ``communication`` = 2 independent / 2 ranks. A
 second table reads rank 0's DDL_TIMELINE trace of the first round of each
 layout (keras_ddl.bench.timeline_overlap): how much allreduce time fell
 inside the window in which tensors were handed over and how much the step
@@ -31,11 +34,11 @@ from .fit import _print_rows
 LAYOUTS = [("off", "none"), ("on", "none"), ("off", "fp16"), ("on", "fp16")]
 
 
-def _launch(cluster, nodes, args, env_extra, path):
+def _launch(cluster, nodes, args, env_extra, path, independent=False):
     argv = [find_mpiexec(), *cluster.mpiexec_args(1), "-n", str(nodes), sys.executable, "-m",
             "keras_ddl.bench", "fit", "--batch", str(args.batch), "--steps", str(args.steps),
             "--reps", str(args.reps), "--threads", str(args.threads), "--json", path,
-            "--model", args.model, "--ddl-only"]
+            "--model", args.model, "--independent" if independent else "--ddl-only"]
     if args.image_size:
         argv += ["--image-size", str(args.image_size)]
     env = dict(os.environ, **MPI_ENV, **env_extra, DDL_BENCH_PIN_RANK="1",
@@ -52,7 +55,7 @@ def run(args):
     nodes = args.cluster
     if nodes < 2:
         raise SystemExit("--cluster takes the number of nodes (>= 2), one rank each")
-    steps = {"1": []}
+    steps = {"1": [], "independent": []}
     identical, traces = {}, {}
     with NetnsCluster(nodes, args.rate) as cluster, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
@@ -60,6 +63,13 @@ def run(args):
             # The 1-rank run is the same DDLStrategy program on node1 alone.
             steps["1"] += _launch(cluster, 1, args, {"DDL_BENCH_FIT_OVERLAP": "on"},
                                   path)["step_s"]["ddl"]
+            # The control: every node trains plain Keras on its own at once
+            # (no collectives), so the machine's share of the slowdown (two
+            # busy cores, shared caches and memory) is told apart from what
+            # the communication costs.
+            path = os.path.join(tmp, f"independent.{rnd}.json")
+            steps["independent"] += _launch(cluster, nodes, args, {}, path,
+                                            independent=True)["step_s"]["plain"]
             for overlap, compression in LAYOUTS:
                 key = f"{overlap}/{compression}"
                 path = os.path.join(tmp, f"{overlap}.{compression}.{rnd}.json")
@@ -86,13 +96,16 @@ def run(args):
                                                  "busy_ms", "hidden_ms", "exposed_ms",
                                                  "hidden_fraction")}})
     one = statistics.median(s[0] for s in steps["1"])
+    alone = statistics.median(s[0] for s in steps["independent"])
     rows = []
     for overlap, compression in LAYOUTS:
         key = f"{overlap}/{compression}"
         many = statistics.median(s[0] for s in steps[key])
         rows.append({"overlap": overlap, "wire": "fp32" if compression == "none" else compression,
                      "1rank_ms": one * 1e3, f"{nodes}x1_ms": many * 1e3,
-                     "efficiency": one / many, "identical": "yes" if identical[key] else "NO"})
+                     "efficiency": one / many, f"{nodes}x1_indep_ms": alone * 1e3,
+                     "machine": one / alone, "communication": alone / many,
+                     "identical": "yes" if identical[key] else "NO"})
     title = (f"weak scaling across {nodes} nodes x 1 rank, links {args.rate} each way "
              f"(network namespaces, MPI over TCP): DDLStrategy, {args.model}"
              f"{' ' + str(args.image_size) + ' px' if args.image_size else ''}, batch "
