@@ -264,6 +264,7 @@ def test_overlap_fraction_refit_from_a_cluster_fit_result():
         {"overlap": "on", "wire": "fp16", "1rank_ms": 1000.0, "efficiency": 0.2}]}
     rows = m.overlap_from_fit(fit, rate)
     assert [r["wire"] for r in rows] == ["fp32", "fp16"]  # overlap off: f = 0 by definition
+    assert [r["against"] for r in rows] == ["1 rank", "1 rank"]
     assert rows[0]["fitted_f"] == pytest.approx(0.4, abs=0.011)
     assert rows[0]["model_f0"] < rows[0]["measured"] < rows[0]["model_f1"]
     # Half the bytes on the wire: better bounds; a measurement below what no
@@ -279,3 +280,23 @@ def test_link_rates_parse():
     for bad in ("fast", "gbit", "10gb", "-1gbit"):
         with pytest.raises(ValueError, match=f"rate={bad!r}: expected a positive number"):
             m.parse_rate(bad)
+
+
+def test_overlap_fraction_refit_uses_the_control_run_when_present():
+    # Independent ranks took 1100 ms a step against 990 alone (machine 0.9):
+    # the fit is on communication = independent / distributed, with the
+    # independent step as compute, so the machine's share is not counted
+    # as overlap that failed.
+    rate = 1e9
+    at = m.simulate_step(m.test_cluster_system(rate, 1.1), m.workload("resnet50"), 2)
+    communication = at.efficiency_at(0.5)
+    fit = {"rows": [{"overlap": "on", "wire": "fp32", "1rank_ms": 990.0, "2x1_indep_ms": 1100.0,
+                     "machine": 0.9, "communication": communication,
+                     "efficiency": 0.9 * communication}]}
+    (row,) = m.overlap_from_fit(fit, rate)
+    assert row["against"] == "independent" and row["measured"] == communication
+    assert row["fitted_f"] == pytest.approx(0.5, abs=0.011)
+    # Fitted on efficiency instead, the machine's 10% would read as less overlap.
+    legacy = {"rows": [{k: v for k, v in fit["rows"][0].items()
+                        if k not in ("communication", "2x1_indep_ms", "machine")}]}
+    assert m.overlap_from_fit(legacy, rate)[0]["fitted_f"] < row["fitted_f"] - 0.1
