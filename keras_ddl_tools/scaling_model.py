@@ -684,6 +684,9 @@ def overlap_from_fit(fit, link_bits_per_s, model="resnet50"):
     fitted on ``efficiency`` against the one-rank step."""
     rows = []
     for r in fit["rows"]:
+        if "2x1_ms" not in r:
+            raise ValueError("the overlap fit models 2 nodes x 1 rank; this result has no "
+                             f"2x1_ms column (columns: {', '.join(r)})")
         if r["overlap"] != "on":
             continue
         work = workload(model)
@@ -955,7 +958,11 @@ def main(args, out=None):
         except ValueError as e:
             raise SystemExit(f"--link-rate: {e}")
         with open(args.fit_json) as f:
-            rows = overlap_from_fit(json.load(f), rate, args.model)
+            fit = json.load(f)
+        try:
+            rows = overlap_from_fit(fit, rate, args.model)
+        except ValueError as e:
+            raise SystemExit(f"--fit-json {args.fit_json}: {e}")
         print(format_table(f"overlap fraction fitted to {args.fit_json} ({args.link_rate} "
                            "links, 2 nodes x 1 rank)",
                            ["overlap", "wire", "against", "measured", "model_f0", "model_f1",

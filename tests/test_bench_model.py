@@ -259,9 +259,10 @@ def test_overlap_fraction_refit_from_a_cluster_fit_result():
     rate = 1e9
     at = m.simulate_step(m.test_cluster_system(rate, 1.0), m.workload("resnet50"), 2)
     fit = {"rows": [
-        {"overlap": "on", "wire": "fp32", "1rank_ms": 1000.0, "efficiency": at.efficiency_at(0.4)},
-        {"overlap": "off", "wire": "fp32", "1rank_ms": 1000.0, "efficiency": 0.3},
-        {"overlap": "on", "wire": "fp16", "1rank_ms": 1000.0, "efficiency": 0.2}]}
+        {"overlap": "on", "wire": "fp32", "1rank_ms": 1000.0, "2x1_ms": 1000.0 / at.efficiency_at(0.4),
+         "efficiency": at.efficiency_at(0.4)},
+        {"overlap": "off", "wire": "fp32", "1rank_ms": 1000.0, "2x1_ms": 3333.3, "efficiency": 0.3},
+        {"overlap": "on", "wire": "fp16", "1rank_ms": 1000.0, "2x1_ms": 5000.0, "efficiency": 0.2}]}
     rows = m.overlap_from_fit(fit, rate)
     assert [r["wire"] for r in rows] == ["fp32", "fp16"]  # overlap off: f = 0 by definition
     assert [r["against"] for r in rows] == ["1 rank", "1 rank"]
@@ -290,7 +291,8 @@ def test_overlap_fraction_refit_uses_the_control_run_when_present():
     rate = 1e9
     at = m.simulate_step(m.test_cluster_system(rate, 1.1), m.workload("resnet50"), 2)
     communication = at.efficiency_at(0.5)
-    fit = {"rows": [{"overlap": "on", "wire": "fp32", "1rank_ms": 990.0, "2x1_indep_ms": 1100.0,
+    fit = {"rows": [{"overlap": "on", "wire": "fp32", "1rank_ms": 990.0,
+                     "2x1_ms": 1100.0 / communication, "2x1_indep_ms": 1100.0,
                      "machine": 0.9, "communication": communication,
                      "efficiency": 0.9 * communication}]}
     (row,) = m.overlap_from_fit(fit, rate)
@@ -300,3 +302,8 @@ def test_overlap_fraction_refit_uses_the_control_run_when_present():
     legacy = {"rows": [{k: v for k, v in fit["rows"][0].items()
                         if k not in ("communication", "2x1_indep_ms", "machine")}]}
     assert m.overlap_from_fit(legacy, rate)[0]["fitted_f"] < row["fitted_f"] - 0.1
+    # A result of another shape (3 nodes) is refused by name, not misread.
+    three = {"rows": [{"overlap": "on", "wire": "fp32", "1rank_ms": 990.0, "3x1_ms": 1500.0,
+                       "efficiency": 0.66}]}
+    with pytest.raises(ValueError, match="2 nodes x 1 rank; this result has no 2x1_ms"):
+        m.overlap_from_fit(three, rate)
