@@ -28,9 +28,9 @@ def main(rounds):
     steps = {name: [] for name in ("1 rank", *VARIANTS)}
     with NetnsCluster(2, "1gbit") as cluster, tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for name, env in [("1 rank", {}), *VARIANTS.items()]:
+            for i, (name, env) in enumerate([("1 rank", {}), *VARIANTS.items()]):
                 nodes = 1 if name == "1 rank" else 2
-                result = _launch(cluster, nodes, ARGS, env, f"{tmp}/{len(steps[name])}.{r}.json",
+                result = _launch(cluster, nodes, ARGS, env, f"{tmp}/{i}.{r}.json",
                                  independent=True)
                 steps[name] += [wall for wall, _ in result["step_s"]["plain"]]
     one = statistics.median(steps["1 rank"])
