@@ -24,6 +24,9 @@ def parse(argv):
                          "do not start under mpiexec): every algorithm, fp16, MPICH and the "
                          "link bound in one table")
     ar.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
+    ar.add_argument("--burst", default=None,
+                    help="with --cluster: bytes each link's token bucket holds (64k, 1mb; "
+                         "default: 2 ms at the rate, at least 256k)")
     ar.add_argument("--algorithms", help="with --cluster: comma-separated subset of "
                                          "auto,hierarchical,flat (default all; the first also "
                                          "runs fp16)")

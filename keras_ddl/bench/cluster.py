@@ -66,7 +66,8 @@ def run(args, sizes, human_bytes):
         if a not in ALGORITHMS:
             raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
     runs = {}
-    with NetnsCluster(nodes, args.rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+    cluster = NetnsCluster(nodes, args.rate, burst=args.burst)
+    with cluster, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for a in algorithms:
                 rows = _launch(cluster, per_node, a, args, sizes, fp16=(a == algorithms[0]),
@@ -100,7 +101,8 @@ def run(args, sizes, human_bytes):
               ([f"best/{algorithms[0]}"] if len(algorithms) > 1 else []) + \
               ["fp16_us", "fp16_speedup", "wrong"]
     title = (f"allreduce across {nodes} nodes x {per_node} rank(s), links {args.rate} each way "
-             f"(network namespaces, MPI over TCP), float32 sum; median over {args.rounds} "
+             f"with a {human_bytes(cluster.burst)} token bucket (network namespaces, MPI over "
+             f"TCP), float32 sum; median over {args.rounds} "
              f"launch(es) of the median of {args.reps} interleaved repetitions; X/mpi = MPICH "
              f"time / X time in the same launch; fp16 = {algorithms[0]} with "
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
@@ -108,7 +110,7 @@ def run(args, sizes, human_bytes):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
-                       "rows": table, "raw": runs}, f, indent=2)
+                       "burst_bytes": cluster.burst, "rows": table, "raw": runs}, f, indent=2)
     if args.plot:
         _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)
 

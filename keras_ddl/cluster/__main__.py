@@ -22,6 +22,10 @@ def main(argv=None):
     run.add_argument("--nodes", type=int, default=2)
     run.add_argument("--ranks-per-node", type=int, default=1)
     run.add_argument("--rate", default="1gbit", help="link rate each way: 100mbit, 1gbit, ...")
+    run.add_argument("--burst", default=None,
+                     help="bytes each link's token bucket holds (64k, 1mb; default: 2 ms at "
+                          "the rate, at least 256k); a call that sends less than this after "
+                          "an idle moment goes faster than --rate")
     run.add_argument("command", nargs=argparse.REMAINDER)
     sub.add_parser("clean", help="remove clusters whose owner process is gone")
     args = p.parse_args(argv)
@@ -33,7 +37,7 @@ def main(argv=None):
         p.error("run: no command given")
     try:
         mpiexec = find_mpiexec()
-        with NetnsCluster(args.nodes, args.rate) as cluster:
+        with NetnsCluster(args.nodes, args.rate, burst=args.burst) as cluster:
             argv = [mpiexec, *cluster.mpiexec_args(args.ranks_per_node),
                     "-n", str(args.nodes * args.ranks_per_node), *command]
             print("+", " ".join(argv), flush=True)

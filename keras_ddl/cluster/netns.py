@@ -50,6 +50,36 @@ def parse_rate(text):
         raise ClusterError(str(e)) from None
 
 
+# The smallest token bucket a link may have: one Ethernet frame. Below it
+# tbf could never send a frame.
+MIN_BURST_BYTES = 1600
+
+
+def default_burst(rate_bps):
+    """Bytes a link's token bucket holds unless told: 2 ms at the rate, and
+    at least 256 KB. After an idle moment those bytes leave at the veth's
+    own speed, so a call that sends up to about this much per link is
+    faster than the rate allows (docs/PERFORMANCE.md, "Small messages").
+    A 64 KB bucket at 1 Gbit/s cost 2 nodes x 2 ranks a fifth of their
+    16 MB allreduce speed here, probably because four ranks on two cores
+    leave gaps in sending that a small bucket cannot make up later."""
+    return max(256 * 1024, int(rate_bps / 8 * 0.002))
+
+
+def parse_burst(text, rate_bps):
+    """``--burst`` text -> bytes (None: the default for the rate)."""
+    if text is None:
+        return default_burst(rate_bps)
+    try:
+        burst = rates.parse_size(text, "burst")
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+    if burst < MIN_BURST_BYTES:
+        raise ClusterError(f"burst={text!r}: the bucket must hold at least one frame "
+                           f"({MIN_BURST_BYTES} bytes)")
+    return burst
+
+
 def find_mpiexec():
     """The mpiexec beside this Python (the mpich wheel's), else on PATH."""
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -96,12 +126,14 @@ class NetnsCluster:
     SIGTERM) or call ``up()`` / ``down()``. ``hosts`` are the node names to
     give the launcher (``node1`` ...); ``standin`` is the ssh stand-in."""
 
-    def __init__(self, nodes, rate="1gbit", name=None):
+    def __init__(self, nodes, rate="1gbit", name=None, burst=None):
         if int(nodes) != nodes or nodes < 1:
             raise ClusterError(f"nodes={nodes!r}: expected a whole number >= 1")
         self.nodes = int(nodes)
         self.rate_bps = parse_rate(rate)
         self.rate = rate
+        self.burst_text = burst
+        self.burst = parse_burst(burst, self.rate_bps)
         self.name = name or "kd" + secrets.token_hex(3)[:5]
         self.state_dir = os.path.join(STATE_ROOT, self.name)
         self.bridge = self.name + "b"
@@ -195,12 +227,13 @@ class NetnsCluster:
     # -- links -------------------------------------------------------------
 
     def set_rate(self, rate):
-        """Caps every link at ``rate`` in both directions (tc tbf)."""
+        """Caps every link at ``rate`` in both directions (tc tbf), with the
+        bucket given at construction (``burst``) or the rate's default."""
         bps = parse_rate(rate)
         self.rate, self.rate_bps = rate, bps
-        # A bucket of 2 ms at the rate, and at least 256 KB so segmentation
-        # offload's 64 KB packets always fit.
-        burst = max(256 * 1024, int(bps / 8 * 0.002))
+        self.burst = burst = parse_burst(self.burst_text, bps)
+        # tbf splits a segmentation-offload packet larger than the bucket
+        # into frames, so a small bucket still passes 64 KB packets.
         shape = ["root", "tbf", "rate", f"{int(bps)}bit", "burst", str(burst), "latency", "100ms"]
         for ns, veth in zip(self.namespaces, self.host_veths):
             _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", *shape)
