@@ -60,9 +60,10 @@ def default_burst(rate_bps):
     at least 256 KB. After an idle moment those bytes leave at the veth's
     own speed, so a call that sends up to about this much per link is
     faster than the rate allows (docs/PERFORMANCE.md, "Small messages").
-    A 64 KB bucket at 1 Gbit/s cost 2 nodes x 2 ranks a fifth of their
-    16 MB allreduce speed here, probably because four ranks on two cores
-    leave gaps in sending that a small bucket cannot make up later."""
+    A 64 KB bucket at 1 Gbit/s cost a 16 MB allreduce a tenth of its speed
+    at 2 nodes x 1 rank and a fifth at 2 x 2 on a 2-core machine, probably
+    because ranks sharing cores leave gaps in sending that a small bucket
+    cannot make up later."""
     return max(256 * 1024, int(rate_bps / 8 * 0.002))
 
 
