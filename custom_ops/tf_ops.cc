@@ -101,11 +101,14 @@ absl::Status UnknownFirstDim(InferenceContext* c) {
 // wire_dtype: -1 sends the tensor as it is; kFloat16 (0) or kBFloat16 (1)
 // sends a float32 tensor in that dtype (Compression.fp16 / bf16): the core
 // converts as it packs and unpacks, and sums across nodes in it.
+// eager: the op runs eagerly, so its caller waits for it anyway; the
+// kernel's thread may then run the engine's cycles itself (runtime.h).
 REGISTER_OP("DdlAllreduce")
     .Attr("process_set: int = 0")
     .Attr(std::string("T: ") + kTypes)
     .Attr("reduce_op: int")
     .Attr("wire_dtype: int = -1")
+    .Attr("eager: bool = false")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("reduced: T")
@@ -116,6 +119,7 @@ REGISTER_OP("DdlGroupedAllreduce")
     .Attr(std::string("T: list(") + kTypes + ") >= 1")
     .Attr("reduce_op: int")
     .Attr("wire_dtype: int = -1")
+    .Attr("eager: bool = false")
     .Input("tensors: T")
     .Input("tensor_name: string")
     .Output("reduced: T")
@@ -199,6 +203,7 @@ class CollectiveKernel : public AsyncOpKernel {
     }
     if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
     OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
+    if (c->HasAttr("eager")) OP_REQUIRES_OK(c, c->GetAttr("eager", &eager_));
     if (c->HasAttr("wire_dtype")) {
       OP_REQUIRES_OK(c, c->GetAttr("wire_dtype", &wire_));
       OP_REQUIRES(c, wire_ == -1 || wire_ == static_cast<int>(ddl::DataType::kFloat16) ||
@@ -292,6 +297,7 @@ class CollectiveKernel : public AsyncOpKernel {
   int root_ = 0;
   int wire_ = -1;
   int process_set_ = 0;  // 0: every rank (see runtime.h)
+  bool eager_ = false;   // the caller waits for the op: it may drive the engine
 };
 
 // Allreduce and broadcast: output has the input's shape. Broadcast's is
@@ -321,7 +327,7 @@ class SameShapeKernel : public CollectiveKernel {
     }
     auto completion = Completion(ctx, std::move(done), members);
     for (auto& w : works) w.done = completion;
-    ddl::Submit(std::move(works), process_set_);
+    ddl::Submit(std::move(works), process_set_, eager_);
   }
 };
 

@@ -294,7 +294,8 @@ def allreduce(tensor, op=Average, name=None, compression=Compression.none,
     ps = process_sets.set_id(process_set, "allreduce")
     out = op_library().ddl_allreduce(wire, _name_input(name, "allreduce", set_id=ps),
                                      reduce_op=int(op), process_set=ps,
-                                     wire_dtype=compression.engine_wire(tensor))
+                                     wire_dtype=compression.engine_wire(tensor),
+                                     eager=tf.executing_eagerly())
     return scale(compression.decompress(out, original), postscale_factor)
 
 
@@ -370,7 +371,7 @@ def grouped_allreduce(tensors, op=Average, name=None, compression=Compression.no
     engine_wire = max(compression.engine_wire(t) for t in tensors)
     outs = op_library().ddl_grouped_allreduce(
         wires, _name_input(name, "grouped_allreduce", set_id=ps), reduce_op=int(op),
-        wire_dtype=engine_wire, process_set=ps)
+        wire_dtype=engine_wire, process_set=ps, eager=tf.executing_eagerly())
     return [scale(compression.decompress(o, orig), postscale_factor)
             for o, orig in zip(outs, originals)]
 

@@ -87,6 +87,24 @@ def test_markers_and_nested_phases(timelines):
             assert sum(p["dur"] for p in inner[:4]) <= e["dur"] + 4
 
 
+@pytest.mark.parametrize("run", ["auto", "flat"])
+def test_eager_calls_run_their_cycles_on_the_calling_thread(timelines, run):
+    # An eager op's thread runs the engine's cycle itself when none is
+    # running (the engine thread's idle rounds can take a few); an op in a
+    # tf.function never does, as its thread must not block.
+    by_row = rows(timelines[run])
+
+    def on_caller(tensor):
+        return [e.get("args", {}).get("cycle") == "caller" for e in by_row[tensor]
+                if e["name"] == "NEGOTIATE"]
+
+    eager = on_caller(f"{run}.eager")
+    assert len(eager) == 10 and sum(eager) >= 5, eager
+    in_graph = on_caller(f"{run}.in_graph")
+    assert len(in_graph) == 3 and not any(in_graph), in_graph
+    assert not any(on_caller(f"{run}.gather")) and not any(on_caller(f"{run}.bcast"))
+
+
 def test_killed_job_leaves_a_loadable_timeline(timelines):
     by_row = rows(timelines["killed"])
     assert "killed.single" in by_row and "never.completes" not in by_row

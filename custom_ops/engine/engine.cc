@@ -171,25 +171,67 @@ Status Engine::Validate(const Work& w) const {
   return Status::Ok();
 }
 
-void Engine::Enqueue(std::vector<Work> works) {
-  std::vector<Work> rejected;
-  std::vector<Status> reasons;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto now = std::chrono::steady_clock::now();
-    for (Work& w : works) {
-      w.enqueued = now;
-      Status s = broken_.ok() ? Validate(w) : broken_;
-      if (s.ok()) {
-        queue_.push_back(std::move(w));
-      } else {
-        rejected.push_back(std::move(w));
-        reasons.push_back(s);
-      }
+std::vector<std::pair<Work, Status>> Engine::Queue(std::vector<Work> works) {
+  std::vector<std::pair<Work, Status>> rejected;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  for (Work& w : works) {
+    w.enqueued = now;
+    Status s = broken_.ok() ? Validate(w) : broken_;
+    if (s.ok()) {
+      queue_.push_back(std::move(w));
+    } else {
+      rejected.emplace_back(std::move(w), s);
     }
   }
+  return rejected;
+}
+
+void Engine::Enqueue(std::vector<Work> works) {
+  auto rejected = Queue(std::move(works));
   wake_.notify_one();
-  for (size_t i = 0; i < rejected.size(); ++i) Finish(rejected[i], reasons[i]);
+  for (auto& [w, reason] : rejected) Finish(w, reason);
+}
+
+void Engine::EnqueueAndDrive(std::vector<Work> works) {
+  std::unique_lock<std::mutex> cycle(cycle_mutex_, std::try_to_lock);
+  // The engine thread may be finishing the cycle that completed this
+  // caller's previous op (it called done first, then its bookkeeping).
+  // Waiting a little for that tail keeps a loop of eager calls on the
+  // caller's thread; without it the engine kept every call of such a loop
+  // once it had one. A cycle still running after that is a round that
+  // waits for other ranks: then the work is queued for it.
+  const auto patience = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  while (!cycle.owns_lock() && std::chrono::steady_clock::now() < patience) {
+    std::this_thread::yield();
+    cycle.try_lock();
+  }
+  if (!cycle.owns_lock() || stopped_) {
+    // A cycle is running (the engine thread's, or another caller's): it or
+    // the next one takes these works, as for any enqueue.
+    if (cycle.owns_lock()) cycle.unlock();
+    Enqueue(std::move(works));
+    return;
+  }
+  // Counts this call's works still running; each one's done callback
+  // finishes it. All of them run in cycles this thread runs, since it
+  // holds cycle_mutex_ until they are done.
+  auto running = std::make_shared<std::atomic<size_t>>(works.size());
+  for (Work& w : works) {
+    w.done = [running, done = std::move(w.done)](const Status& s) {
+      --*running;
+      if (done) done(s);
+    };
+  }
+  for (auto& [w, reason] : Queue(std::move(works))) Finish(w, reason);
+  cycle_on_caller_ = true;
+  while (*running > 0 && !stopped_) {
+    if (!GuardedCycle()) {
+      stopped_ = true;
+      wake_.notify_one();  // the engine thread sees stopped_ and ends
+    }
+  }
+  cycle_on_caller_ = false;
 }
 
 std::string Engine::RanksShuttingDown() {
@@ -298,9 +340,43 @@ void Engine::Loop() {
     priority = ctx_->size > ctx_->local_size ? EnginePriority::kHigh : EnginePriority::kNormal;
   }
   ClaimEngineThread(priority);
-  try {
-    while (RunCycle()) {
+  while (!stopped_) {
+    // An engine with nothing to do doubles its wait each idle cycle, up to
+    // 2^kMaxIdleDoublings cycles: while the model computes, ranks meet a
+    // few times per step instead of every cycle, which on a core shared
+    // with TensorFlow's threads is a few percent of the step. Work still
+    // starts a cycle at once (the first rank to have work then waits
+    // inside the negotiation for the others), so this adds no latency;
+    // only stall reports wait longer.
+    constexpr int kMaxIdleDoublings = 4;
+    const auto cycle = std::chrono::duration<double, std::milli>(
+        ctx_->config.cycle_time_ms * (1 << std::min(idle_cycles_.load(), kMaxIdleDoublings)));
+    const uint64_t cycles_before = cycles_run_.load();
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_for(lock, std::chrono::duration_cast<std::chrono::nanoseconds>(cycle),
+                     [&] { return !queue_.empty() || shutdown_requested_ || stopped_; });
     }
+    // The queue is taken inside the cycle, under cycle_mutex_: works a
+    // driving caller queued are then never held here while it cycles.
+    std::lock_guard<std::mutex> running(cycle_mutex_);
+    if (stopped_) break;
+    // A driving caller's cycles count as this thread's: with nothing new
+    // queued, the next cycle here is due a whole cycle after them.
+    // (Otherwise this rank would open an idle round at a moment of its
+    // own, right after a call, and the next call would find the cycle taken
+    // while that round waits for the other ranks to meet it.)
+    if (cycles_run_.load() != cycles_before && !shutdown_requested_) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (queue_.empty()) continue;
+    }
+    if (!GuardedCycle()) stopped_ = true;
+  }
+}
+
+bool Engine::GuardedCycle() {
+  try {
+    return RunCycle();
   } catch (const std::exception& e) {
     if (dynamic_cast<const PeerTimeout*>(&e)) peer_failure_seen = true;
     std::string message = std::string("keras_ddl communication failed: ") + e.what() +
@@ -308,27 +384,14 @@ void Engine::Loop() {
     std::fprintf(stderr, "[keras_ddl] %s\n", message.c_str());
     std::fflush(stderr);
     FailAll(Status::Aborted(message));
+    return false;
   }
 }
 
 bool Engine::RunCycle() {
-  // An engine with nothing to do doubles its wait each idle cycle, up to
-  // 2^kMaxIdleDoublings cycles: while the model computes, ranks meet a few
-  // times per step instead of every cycle, which on a core shared with
-  // TensorFlow's threads is a few percent of the step. Work still starts a
-  // cycle at once, so this adds no latency; only stall reports wait longer.
-  constexpr int kMaxIdleDoublings = 4;
-  const auto cycle = std::chrono::duration<double, std::milli>(
-      ctx_->config.cycle_time_ms * (1 << std::min(idle_cycles_, kMaxIdleDoublings)));
-  const auto start = std::chrono::steady_clock::now();
   std::deque<Work> arrived;
   {
-    // Sleep until the cycle is due, but start at once when work arrives:
-    // the first rank to have work then waits inside the negotiation for
-    // the others, so latency is bounded by one cycle of the slowest rank.
-    std::unique_lock<std::mutex> lock(mutex_);
-    wake_.wait_until(lock, start + std::chrono::duration_cast<std::chrono::nanoseconds>(cycle),
-                     [&] { return !queue_.empty() || shutdown_requested_; });
+    std::lock_guard<std::mutex> lock(mutex_);
     arrived.swap(queue_);
   }
   const bool had_arrivals = !arrived.empty();
@@ -362,7 +425,11 @@ bool Engine::RunCycle() {
   }
   if (ctx_->timeline) {
     const auto now = std::chrono::steady_clock::now();
-    for (const Work& w : runnable) ctx_->timeline->Span(w.name, "NEGOTIATE", w.enqueued, now);
+    // "caller": the cycle ran on the thread of an eager op that drove it.
+    const std::string args = cycle_on_caller_ ? "\"cycle\": \"caller\"" : "";
+    for (const Work& w : runnable) {
+      ctx_->timeline->Span(w.name, "NEGOTIATE", w.enqueued, now, args);
+    }
   }
   try {
     executor_.Run(runnable, outcome.active);
@@ -372,6 +439,7 @@ bool Engine::RunCycle() {
   const bool idle = !had_arrivals && runnable.empty() && works_.empty() && !join_ &&
                     !outcome.exchanged;
   idle_cycles_ = idle ? idle_cycles_ + 1 : 0;
+  ++cycles_run_;
   if (outcome.all_joined && join_) {
     *static_cast<int32_t*>(join_->output) = outcome.last_joined;
     Finish(*join_, Status::Ok());

@@ -121,7 +121,7 @@ std::shared_ptr<Engine> EngineOf(int id, std::string* why) {
   return Engines()[id];
 }
 
-void Submit(std::vector<Work> works, int set) {
+void Submit(std::vector<Work> works, int set, bool drive) {
   std::string why;
   std::shared_ptr<Engine> engine = EngineOf(set, &why);
   if (!engine) {
@@ -130,7 +130,11 @@ void Submit(std::vector<Work> works, int set) {
     }
     return;
   }
-  engine->Enqueue(std::move(works));
+  if (drive) {
+    engine->EnqueueAndDrive(std::move(works));
+  } else {
+    engine->Enqueue(std::move(works));
+  }
 }
 
 }  // namespace ddl

@@ -28,7 +28,9 @@ Status AddProcessSet(const std::vector<int>& ranks, int* id);
 std::shared_ptr<Engine> EngineOf(int id, std::string* why);
 
 // Enqueues to process set `set`'s engine, or fails every work (not
-// initialised, unknown set, or this rank is not a member).
-void Submit(std::vector<Work> works, int set = 0);
+// initialised, unknown set, or this rank is not a member). `drive`: the
+// caller blocks until the works are done anyway, so it may run the cycles
+// itself (Engine::EnqueueAndDrive).
+void Submit(std::vector<Work> works, int set = 0, bool drive = false);
 
 }  // namespace ddl

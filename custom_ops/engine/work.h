@@ -45,8 +45,9 @@ struct Work {
   // exchanged the splits and before the data moves (it allocates and fills
   // the received_splits output).
   std::function<Status(const std::vector<int64_t>& rows_from_each)> received_splits;
-  // Called exactly once, from the engine thread (or from Enqueue on an
-  // immediate error).
+  // Called exactly once, from the thread running the cycle that ran the
+  // work: the engine thread, or an eager op's thread that drove the engine
+  // (Engine::EnqueueAndDrive); or from Enqueue on an immediate error.
   std::function<void(const Status&)> done;
   // Set by the engine when the work is enqueued (for the timeline).
   std::chrono::steady_clock::time_point enqueued;

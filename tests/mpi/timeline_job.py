@@ -20,6 +20,13 @@ def workload(tag):
         ddl.allreduce(tf.ones([1000 + step]), name=f"{tag}.single")
         ddl.grouped_allreduce([tf.ones([300]), tf.ones([5], tf.float64)], name=f"{tag}.group")
     ddl.allgather(tf.ones([ddl.rank() + 1, 2]), name=f"{tag}.gather")
+    for _ in range(10):
+        ddl.allreduce(tf.ones([16]), name=f"{tag}.eager")
+    # An argument, not a constant: grappler would fold a collective of a
+    # constant and run it once, when it optimises the graph.
+    in_graph = tf.function(lambda x: ddl.allreduce(x, name=f"{tag}.in_graph"))
+    for _ in range(3):
+        in_graph(tf.ones([16]))
     ddl.broadcast(tf.ones([4]), root_rank=1, name=f"{tag}.bcast")
 
 
