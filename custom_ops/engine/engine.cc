@@ -18,6 +18,9 @@ constexpr size_t kVerdictBytes = 4096;
 
 std::atomic<bool> peer_failure_seen{false};
 
+// The engine whose cycle this thread is running, if any.
+thread_local const Engine* cycle_owner = nullptr;
+
 // Checks an alltoall's splits against its rows and the world size, filling
 // in the even split when none was given. Returns why they do not fit (""
 // if they do); the caller offers that through negotiation, so every rank
@@ -189,11 +192,19 @@ std::vector<std::pair<Work, Status>> Engine::Queue(std::vector<Work> works) {
 
 void Engine::Enqueue(std::vector<Work> works) {
   auto rejected = Queue(std::move(works));
-  wake_.notify_one();
+  // All: a driving caller may be waiting between its rounds as well.
+  wake_.notify_all();
   for (auto& [w, reason] : rejected) Finish(w, reason);
 }
 
 void Engine::EnqueueAndDrive(std::vector<Work> works) {
+  // A kernel run inline by a done callback inside a cycle is on the thread
+  // that holds the cycle: it can only queue (try_lock on a mutex this
+  // thread owns would be undefined).
+  if (cycle_owner == this) {
+    Enqueue(std::move(works));
+    return;
+  }
   std::unique_lock<std::mutex> cycle(cycle_mutex_, std::try_to_lock);
   // The engine thread may be finishing the cycle that completed this
   // caller's previous op (it called done first, then its bookkeeping).
@@ -225,13 +236,36 @@ void Engine::EnqueueAndDrive(std::vector<Work> works) {
   }
   for (auto& [w, reason] : Queue(std::move(works))) Finish(w, reason);
   cycle_on_caller_ = true;
+  cycle_owner = this;
+  const auto cycle_time = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double, std::milli>(ctx_->config.cycle_time_ms));
   while (*running > 0 && !stopped_) {
+    const auto start = std::chrono::steady_clock::now();
     if (!GuardedCycle()) {
-      stopped_ = true;
-      wake_.notify_one();  // the engine thread sees stopped_ and ends
+      Stop();
+      break;
     }
+    if (*running == 0) break;
+    // Not done yet: some rank has not offered these names. Like the
+    // engine thread, meet the others again a cycle after this one began,
+    // or at once when more work arrives, rather than in a loop of rounds
+    // that would keep every rank's core busy until the stall timeout.
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait_until(lock, start + cycle_time,
+                     [&] { return !queue_.empty() || shutdown_requested_; });
   }
+  cycle_owner = nullptr;
   cycle_on_caller_ = false;
+}
+
+void Engine::Stop() {
+  {
+    // Under mutex_, so the engine thread cannot miss the notification
+    // between testing its wait's condition and sleeping.
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped_ = true;
+  }
+  wake_.notify_all();
 }
 
 std::string Engine::RanksShuttingDown() {
@@ -245,8 +279,11 @@ std::string Engine::RanksShuttingDown() {
 }
 
 void Engine::Shutdown() {
-  shutdown_requested_ = true;
-  wake_.notify_one();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shutdown_requested_ = true;
+  }
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -370,7 +407,10 @@ void Engine::Loop() {
       std::lock_guard<std::mutex> lock(mutex_);
       if (queue_.empty()) continue;
     }
-    if (!GuardedCycle()) stopped_ = true;
+    cycle_owner = this;
+    const bool go_on = GuardedCycle();
+    cycle_owner = nullptr;
+    if (!go_on) Stop();
   }
 }
 

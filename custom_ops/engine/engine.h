@@ -70,6 +70,8 @@ class Engine {
   bool RunCycle();
   // RunCycle, turning an escaped exception into failed works and false.
   bool GuardedCycle();
+  // After a cycle returned false: no thread runs another one.
+  void Stop();
   Status Validate(const Work& work) const;
   void Admit(Work work);
   // This rank's part in a collective it runs while joined: zeros in, the

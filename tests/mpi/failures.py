@@ -5,7 +5,8 @@ kill   rank 1 is killed (SIGKILL) mid-training: the job must end non-zero
 exit   rank 1 calls os._exit(3) mid-training: likewise
 raise  rank 1 raises SystemExit mid-training: likewise
 stall  rank 1 skips one named collective: a stall warning, then an error
-       on every rank naming the tensor and the missing rank
+       on every rank naming the tensor and the missing rank; each rank
+       reports the share of a core it used while it waited (STALL_CPU)
 """
 
 import os
@@ -32,6 +33,7 @@ try:
         ddl.allreduce(tf.ones([256]), name=f"step.{step % 4}")
         if step == 20:
             if mode == "stall":
+                stall_wall, stall_cpu = time.time(), time.process_time()
                 if rank != 1:
                     ddl.allreduce(tf.ones([8]), name="skipped.by.rank1")
                 ddl.allreduce(tf.ones([8]), name="after.skip")
@@ -48,5 +50,7 @@ try:
                     os._exit(3)
                 raise SystemExit("rank 1 gives up")  # escapes the handler below
 except Exception as e:
+    if mode == "stall":
+        say(f"STALL_CPU {(time.process_time() - stall_cpu) / (time.time() - stall_wall):.3f}")
     say(f"ERROR {type(e).__name__} after {time.time() - start:.1f}s: {e}")
     sys.exit(1)
