@@ -1,19 +1,56 @@
-"""Private TensorFlow and Keras APIs used outside DDLStrategy.
+"""Private TensorFlow and Keras APIs: the full list, and where each is used.
 
-keras_ddl uses private APIs in two places only: ``strategy.py`` (the
-tf.distribute internals DDLStrategy is built on) and this module (three
-small touchpoints used by the optimizer wrapper, BackupAndRestore and
-``on_rank``). Both were written against the versions in
-``strategy.TESTED_TENSORFLOW`` / ``strategy.TESTED_KERAS``; each function
-here says what it touches and what happens if that moves: a touchpoint that
-is gone degrades to the documented fallback or raises a clear error, never
-an AttributeError from deep inside Keras.
+keras_ddl is written against public APIs where they exist. Where none does,
+the private touchpoint is named here, with the module that uses it and why
+it is needed, so that a TensorFlow or Keras upgrade is checked against one
+list. They were tested with the versions in ``strategy.TESTED_TENSORFLOW`` /
+``strategy.TESTED_KERAS``; a DDLStrategy made on another version warns.
 
-(``loss_scale.py`` wraps two public methods of ``LossScaleOptimizer``,
-``apply`` and ``check_finite``, and relies on Keras calling the second from
-the first; its tests fail if that changes.)
+Behind functions of this module (each degrades to a documented fallback or
+raises a clear error if its touchpoint moves, never an AttributeError from
+deep inside Keras):
+
+* ``tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext``:
+  ``in_xla_context``, used by ``optimizer.py`` to refuse ``jit_compile=True``
+  with a readable message (the collectives have no XLA kernels).
+* ``Model._initial_epoch`` (Keras 3 trainers): ``set_initial_epoch``, used by
+  ``checkpoint.py``'s BackupAndRestore to resume ``fit`` at the restored
+  epoch, as Keras' own BackupAndRestore does.
+* The ``_is_default`` mark that ``keras.callbacks.CallbackList`` reads on a
+  hook: ``is_default_hook`` / ``mark_default_hook``, used by ``callbacks.py``
+  (``on_rank``) so that wrapped callbacks keep Keras' fast path for hooks
+  they do not override.
+* ``tensorflow.python.autograph.impl.api.autograph_artifact``:
+  ``skip_autograph``, used by ``ops.py`` so AutoGraph leaves the collective
+  wrappers alone without the public decorator's per-call cost.
+
+Used in place, because they are the extension points themselves:
+
+* ``strategy.py`` (DDLStrategy; its own docstring details each):
+  ``tensorflow.python.distribute.one_device_strategy.OneDeviceExtended`` as
+  the base of the extended object and its ``_create_variable``,
+  ``_call_for_each_replica``, ``_reduce_to``, ``_batch_reduce_to``,
+  ``_gather_to_implementation``, ``_distribute_datasets_from_function`` and
+  other underscore hooks that ``tf.distribute.Strategy`` calls;
+  ``tensorflow.python.distribute.input_util`` (device prefetching of the
+  distributed dataset); ``tensorflow.python.trackable.base.
+  CheckpointInitialValue`` (unwrapped before an initial value is
+  broadcast); and ``keras.callbacks.CallbackList.__init__``, wrapped so that
+  printing and file-writing callbacks run on rank 0 only.
+* ``sync_batch_norm.py``: overrides ``BatchNormalization._moments`` and reads
+  ``self._reduction_axes``, the one place Keras computes batch statistics;
+  the override sums them over ranks before the normalisation.
+* ``optimizers/lars.py``: overrides ``Optimizer._apply_weight_decay`` (LARS
+  couples weight decay into its trust ratio, so the base class must not apply
+  it again) and calls ``_use_weight_decay`` and ``_get_variable_index``, as
+  Keras' own optimizers (``sgd.py``, ``lamb.py``) do.
+* ``optimizer.py``: DistributedOptimizer reads ``self._trainable_variables``
+  and calls ``_get_variable_index`` (the Keras base class's variable index)
+  to match gradients to accumulators and to locally-reduced variables.
+* ``loss_scale.py``: wraps the public ``LossScaleOptimizer.apply`` and
+  ``check_finite`` and relies on Keras calling the second from the first;
+  its tests fail if that changes.
 """
-
 
 def in_xla_context():
     """True inside an XLA-compiled function (``jit_compile=True``).
