@@ -14,10 +14,11 @@ has produced it: ``keras_ddl.gradient_overlap``), so N ranks with per-rank
 batch B train like one process with batch N*B. See docs/strategy.md for the
 user-facing contract.
 
-This module is the only place in keras_ddl that uses private TensorFlow (and
-Keras) APIs. They were tested with the versions in ``TESTED_TENSORFLOW`` and
-``TESTED_KERAS``; any other version gets a warning when a strategy is made.
-What is private, and why:
+This module holds most of keras_ddl's private TensorFlow (and Keras) API
+use; ``_private_api.py`` lists every private touchpoint of the package. They
+were tested with the versions in ``TESTED_TENSORFLOW`` and ``TESTED_KERAS``;
+any other version gets a warning when a strategy is made. What is private
+here, and why:
 
 * ``OneDeviceExtended`` is the base of the extended object: one local device,
   local variables, local updates. The collectives are added on top.
