@@ -367,9 +367,9 @@ def _scaling(args):
                 f"(mpiexec -bind-to core), {args.threads} TF thread(s), same per-rank batch; "
                 f"{args.rounds} alternating launches x {args.reps} repetitions", [row])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"scaling": row, "step_s": {str(k): v for k, v in samples.items()}}, f,
-                      indent=2)
+        from keras_ddl_tools.results import write_json
+        write_json(args.json, {"scaling": row,
+                               "step_s": {str(k): v for k, v in samples.items()}})
 
 
 def _print_rows(title, rows):
