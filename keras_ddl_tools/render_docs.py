@@ -32,7 +32,7 @@ def _ms(us):
 
 
 def _ratio(v):
-    return f"{v:.2f}x"
+    return f"{v:.2g}x" if v < 0.1 else f"{v:.2f}x"
 
 
 def _range(field, fmt):
@@ -55,9 +55,9 @@ def _rows(result, table, keys=None):
 def _source(result):
     """The lines under a table: how to get the same figures again."""
     m = result.get("machine", {})
-    dates = result["dates"]
-    when = dates[0] if dates[0][:10] == dates[-1][:10] and dates[0] == dates[-1] else \
-        f"{dates[0]} to {dates[-1]}"
+    first, last = (d.replace("T", " ").rstrip("Z")[:16] for d in result["dates"])
+    when = first if first == last else (
+        f"{first}-{last[11:]}" if first[:10] == last[:10] else f"{first} to {last}")
     commits = ", ".join(c[:7] + ("-dirty" if c.endswith("-dirty") else "")
                         for c in result["commits"])
     versions = ", ".join(f"{k} {m[k]}" for k in ("tensorflow", "keras", "mpi4py") if k in m)
@@ -71,7 +71,7 @@ def _source(result):
 
 def view_allreduce(result, sizes=None, busbw=False):
     rows = _rows(result, "allreduce", sizes)
-    head = ["size", "keras_ddl (ms)", "MPI_Allreduce (ms)", "MPI time / keras_ddl time"]
+    head = ["size", "keras_ddl (ms)", "MPI_Allreduce (ms)", "speed-up over MPI"]
     if busbw:
         head.insert(3, "keras_ddl busbw (GB/s)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -84,15 +84,16 @@ def view_allreduce(result, sizes=None, busbw=False):
     ranks = result["launches"][0].get("ranks", "?")
     wrong = sum(max(r["wrong"]["values"]) if isinstance(r["wrong"], dict) else r["wrong"]
                 for r in rows if "wrong" in r)
-    lines += ["", f"{ranks} ranks on one host, one float32 tensor per call, sum; "
-                  f"elements differing from the exact result: {wrong}.", "", _source(result)]
+    lines += ["", f"{ranks} ranks on one host, one float32 tensor per call, sum; speed-up = "
+                  f"MPI time / keras_ddl time in the same launch; elements differing from the "
+                  f"exact result: {wrong}.", "", _source(result)]
     return lines
 
 
 def view_gradients(result):
     rows = _rows(result, "resnet50_gradients")
     label = rows[0].get("tensors", "")
-    head = ["method", "time (ms)", "MPI per-tensor time / this time"]
+    head = ["method", "time (ms)", "speed-up over MPI per tensor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['key']} | {_range(r['time_us'], _ms)} | "
