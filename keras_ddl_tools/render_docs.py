@@ -90,23 +90,33 @@ def view_allreduce(result, sizes=None, busbw=False):
     return lines
 
 
-def view_gradients(result):
-    rows = _rows(result, "resnet50_gradients")
+def view_gradients(result, methods=None, source=True):
+    rows = _rows(result, "resnet50_gradients", methods)
     label = rows[0].get("tensors", "")
     head = ["method", "time (ms)", "speed-up over MPI per tensor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['key']} | {_range(r['time_us'], _ms)} | "
                      f"{_range(r['vs_separate'], _ratio)} |")
-    lines += ["", f"The Keras 3 ResNet-50 gradient list ({label}), float32 sum.", "",
-              _source(result)]
+    lines += ["", f"The Keras 3 ResNet-50 gradient list ({label}), float32 sum."]
+    if source:
+        lines += ["", _source(result)]
     return lines
+
+
+def view_readme(result):
+    """The README's few rows: some sizes, then the gradient list as one call."""
+    sizes = view_allreduce(result, sizes=["4KB", "1MB", "16MB", "64MB"])[:-2]
+    grads = view_gradients(result, ["ddl.grouped_allreduce (tf.function)",
+                                    "mpi4py Allreduce per tensor"], source=False)
+    return sizes + [""] + grads + ["", _source(result)]
 
 
 # name -> (results file, function, keyword arguments)
 VIEWS = {
     "allreduce_1host.headline": ("allreduce_1host", view_allreduce,
                                  {"sizes": ["4KB", "1MB", "16MB", "64MB"]}),
+    "allreduce_1host.readme": ("allreduce_1host", view_readme, {}),
     "allreduce_1host.sizes": ("allreduce_1host", view_allreduce, {"busbw": True}),
     "allreduce_1host.gradients": ("allreduce_1host", view_gradients, {}),
 }
