@@ -112,6 +112,20 @@ def view_readme(result):
     return sizes + [""] + grads + ["", _source(result)]
 
 
+def view_fit_overhead(result):
+    """DDLStrategy on one process against plain Keras, the same model and data."""
+    head = ["model", "plain Keras step (ms)", "DDLStrategy step (ms)",
+            "DDLStrategy / plain Keras"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in _rows(result, "fit"):
+        lines.append(f"| {r['key']} | {_range(r['plain_ms'], lambda v: f'{v:.1f}')} | "
+                     f"{_range(r['ddl_ms'], lambda v: f'{v:.1f}')} | "
+                     f"{_range(r['ratio'], lambda v: f'{v:.3f}')} |")
+    lines += ["", "Step time of `model.fit` (median over each launch's repetitions); the two "
+                  "models are timed interleaved in the same process.", "", _source(result)]
+    return lines
+
+
 # name -> (results file, function, keyword arguments)
 VIEWS = {
     "allreduce_1host.headline": ("allreduce_1host", view_allreduce,
@@ -119,6 +133,7 @@ VIEWS = {
     "allreduce_1host.readme": ("allreduce_1host", view_readme, {}),
     "allreduce_1host.sizes": ("allreduce_1host", view_allreduce, {"busbw": True}),
     "allreduce_1host.gradients": ("allreduce_1host", view_gradients, {}),
+    "fit_1proc.overhead": ("fit_1proc", view_fit_overhead, {}),
 }
 
 
