@@ -648,7 +648,8 @@ def test_cluster_system(link_bits_per_s, step_s, link_efficiency=0.94):
     network namespaces of one rank each (one CPU core, one TF thread), a
     shaped link between them, keras_ddl's flat path. ``link_efficiency`` is
     the fraction of the link rate a 64 MB allreduce reaches there
-    (docs/PERFORMANCE.md); ``step_s`` the measured one-rank step."""
+    (docs/performance-notes/2026-12-03-cluster-allreduce.md); ``step_s`` the
+    measured one-rank step."""
     return System(
         name="netns_cluster",
         description=f"2 network namespaces x 1 CPU rank, {link_bits_per_s / 1e9:g} Gbit/s "
@@ -660,7 +661,8 @@ def test_cluster_system(link_bits_per_s, step_s, link_efficiency=0.94):
         batch_per_gpu=8,
         algorithm="ring", fusion="cycle", fusion_bytes=64 * 2**20, cycle=1 * MS,
         negotiation=True,
-        sources=("python -m keras_ddl.bench fit --cluster 2 (docs/PERFORMANCE.md)",))
+        sources=("python -m keras_ddl.bench fit --cluster 2 "
+                 "(docs/performance-notes/2026-12-04-fit-across-nodes.md)",))
 
 
 def half_precision_wire(work):
