@@ -23,8 +23,8 @@ import sys
 from . import results as R
 
 DOCS = ("README.md", "docs/PERFORMANCE.md")
-BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=view) -->)",
-                   re.S)
+BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
+                   r"(<!-- /results:(?P=view) -->)", re.S)
 
 
 def _ms(us):
