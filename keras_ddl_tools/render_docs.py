@@ -126,7 +126,67 @@ def view_fit_overhead(result):
     return lines
 
 
-# name -> (results file, function, keyword arguments)
+def view_cluster_allreduce(result, sizes=None):
+    """bench allreduce --cluster KxR: keras_ddl against MPICH and the links' bound."""
+    launch = result["launches"][0]
+    rows = _rows(result, "rows", sizes)
+    first = next(k[:-3] for k in rows[0] if k.endswith("_us") and k not in (
+        "bound_us", "mpi_us", "fp16_us"))
+    head = ["size", "link bound (ms)", "MPICH (ms)", f"keras_ddl {first} (ms)",
+            "speed-up over MPICH", "share of the bound", "fp16 on the wire: speed-up"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['key']} | {_ms(r['bound_us']['median'])} | "
+                     f"{_range(r['mpi_us'], _ms)} | {_range(r[first + '_us'], _ms)} | "
+                     f"{_range(r[first + '/mpi'], _ratio)} | "
+                     f"{_range(r[first + '_of_bound'], pct)} | "
+                     f"{_range(r['fp16_speedup'], _ratio)} |")
+    lines += ["", f"{launch.get('nodes', '?')} nodes x {launch.get('ranks_per_node', '?')} "
+                  f"rank(s) per node, network namespaces on one machine, links "
+                  f"{launch.get('rate', '?')} each way (token bucket "
+                  f"{launch.get('burst_bytes', '?')} bytes); float32 sum. The bound is "
+                  "2(K-1)/K x size / link rate for K nodes.", "", _source(result)]
+    return lines
+
+
+def view_fit_scaling(result):
+    """bench fit --scaling N: weak scaling on one host, with its control run."""
+    rows = _rows(result, "scaling")
+    r = rows[0]
+    n = int(r["ranks"]["median"]) if isinstance(r["ranks"], dict) else r["ranks"]
+    head = ["model", "1 rank step (ms)", f"{n} ranks step (ms)", "efficiency",
+            "machine (control)", "communication"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    f3 = lambda v: f"{v:.3f}"  # noqa: E731
+    f1 = lambda v: f"{v:.1f}"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['key']} | {_range(r['1rank_ms'], f1)} | "
+                     f"{_range(r[f'{n}rank_ms'], f1)} | {_range(r['efficiency'], f3)} | "
+                     f"{_range(r['machine'], f3)} | {_range(r['communication'], f3)} |")
+    lines += ["", "Weak scaling, each rank pinned to its own core with one TensorFlow thread; "
+                  "efficiency = 1-rank step / N-rank step = machine x communication, where "
+                  "machine compares N independent processes without collectives to one.",
+              "", _source(result)]
+    return lines
+
+
+def view_fit_cluster(result):
+    """bench fit --cluster K: weak scaling across network-namespace nodes."""
+    rows = _rows(result, "rows")
+    head = ["overlap / wire", "efficiency", "machine (control)", "communication"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    f3 = lambda v: f"{v:.3f}"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['key']} | {_range(r['efficiency'], f3)} | "
+                     f"{_range(r['machine'], f3)} | {_range(r['communication'], f3)} |")
+    lines += ["", "`model.fit` under DDLStrategy, one rank per network-namespace node, one "
+                  "core each; efficiency against one rank alone.", "", _source(result)]
+    return lines
+
+
+# name -> (results file, function, keyword arguments). A new results file
+# gets a view here, then a block in README.md or docs/PERFORMANCE.md.
 VIEWS = {
     "allreduce_1host.headline": ("allreduce_1host", view_allreduce,
                                  {"sizes": ["4KB", "1MB", "16MB", "64MB"]}),
@@ -134,6 +194,11 @@ VIEWS = {
     "allreduce_1host.sizes": ("allreduce_1host", view_allreduce, {"busbw": True}),
     "allreduce_1host.gradients": ("allreduce_1host", view_gradients, {}),
     "fit_1proc.overhead": ("fit_1proc", view_fit_overhead, {}),
+    # Views ready for results files not made yet (see docs/results/README.md):
+    "cluster_2x1_1gbit.allreduce": ("cluster_2x1_1gbit", view_cluster_allreduce, {}),
+    "cluster_2x2_1gbit.allreduce": ("cluster_2x2_1gbit", view_cluster_allreduce, {}),
+    "fit_scaling_2.scaling": ("fit_scaling_2", view_fit_scaling, {}),
+    "fit_cluster_2x1_1gbit.fit": ("fit_cluster_2x1_1gbit", view_fit_cluster, {}),
 }
 
 

@@ -170,3 +170,45 @@ def test_merge_gives_median_and_range():
     assert merged["benchmark"] == "allreduce"
     assert merged["dates"] == ["2026-01-01T00:00:00Z", "2026-01-03T00:00:00Z"]
     assert results.check(merged) == []
+
+
+def _fake_launch(payload, day):
+    meta = {"date": f"2026-01-0{day}T10:00:00Z", "commit": "f" * 40, "command": "c",
+            "machine": {"cores": 2, "cpu": "test", "kernel": "Linux"}}
+    return {"meta": meta, **payload}
+
+
+def test_views_for_future_results_files_render():
+    """The views waiting for cluster and scaling results files work on the
+    JSON those benchmarks write (shapes copied from keras_ddl/bench)."""
+    cluster = [_fake_launch({
+        "nodes": 2, "ranks_per_node": 1, "rate": "1gbit", "burst_bytes": 262144,
+        "rows": [{"size": "64MB", "bound_us": 5e5, "auto_us": 5.4e5 + 1000 * d, "hierarchical_us": 6e5,
+                  "flat_us": 6e5, "auto/mpi": 1.4, "hierarchical/mpi": 1.2, "flat/mpi": 1.2,
+                  "mpi_us": 8e5, "fp16_us": 2.8e5, "fp16_speedup": 1.9,
+                  "auto_of_bound": 0.92, "best/auto": 0.9, "wrong": 0}],
+        "raw": {"auto": [[{"time_us": 1.0}]]}}, d) for d in (1, 2, 3)]
+    scaling = [_fake_launch({
+        "scaling": {"model": "cnn 32px 66k params", "ranks": 2, "batch_per_rank": 32,
+                    "1rank_ms": 50.0, "2rank_ms": 52.0 + d, "efficiency": 0.95,
+                    "machine": 0.97, "communication": 0.98, "identical": "yes"},
+        "step_s": {"1": [0.05], "2": [0.052], "independent": [0.051]}}, d) for d in (1, 2)]
+    fit_cluster = [_fake_launch({
+        "rows": [{"overlap": "on", "wire": "fp16", "1rank_ms": 900.0, "2x1_ms": 1000.0,
+                  "efficiency": 0.9, "2x1_indep_ms": 950.0, "machine": 0.95,
+                  "communication": 0.95, "identical": "yes"}],
+        "step_s": {}, "timeline": []}, 1)]
+    all_results = {
+        "cluster_2x1_1gbit": results.merge(cluster, "cluster_2x1_1gbit", "c", "test"),
+        "fit_scaling_2": results.merge(scaling, "fit_scaling_2", "c", "test"),
+        "fit_cluster_2x1_1gbit": results.merge(fit_cluster, "fit_cluster_2x1_1gbit", "c", "t"),
+    }
+    text = render_docs.render_view("cluster_2x1_1gbit.allreduce", all_results)
+    assert "| 64MB | 500.00 | 800.00 (800.00-800.00) | 542.00 (541.00-543.00) |" in text
+    assert "92% (92%-92%)" in text and "2 nodes x 1 rank(s)" in text
+    text = render_docs.render_view("fit_scaling_2.scaling", all_results)
+    assert "| cnn 32px 66k params | 50.0 (50.0-50.0) | 53.5 (53.0-54.0) |" in text
+    text = render_docs.render_view("fit_cluster_2x1_1gbit.fit", all_results)
+    assert "| on/fp16 | 0.900 (0.900-0.900) |" in text
+    with pytest.raises(KeyError):
+        render_docs.render_view("no_such.view", all_results)
