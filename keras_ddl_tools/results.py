@@ -40,9 +40,9 @@ REQUIRED = ("format", "name", "benchmark", "command", "conditions", "dates", "co
 REQUIRED_META = ("date", "commit", "command", "machine")
 
 
-def _git(*args):
+def _git(where, *args):
     try:
-        out = subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
+        out = subprocess.run(["git", "-C", where, *args], capture_output=True, text=True,
                              timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -50,12 +50,16 @@ def _git(*args):
 
 
 def commit():
-    """The checked-out commit, with "-dirty" when tracked files differ from it."""
-    head = _git("rev-parse", "HEAD")
-    if head is None:
-        return "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return head + ("-dirty" if dirty else "")
+    """The checked-out commit, with "-dirty" when tracked files differ from it:
+    of the repository this module is in, else of the current directory's
+    (when keras_ddl_tools is an installed copy and the benchmark runs from a
+    checkout)."""
+    for where in (REPO, os.getcwd()):
+        head = _git(where, "rev-parse", "HEAD")
+        if head is not None:
+            dirty = _git(where, "status", "--porcelain", "--untracked-files=no")
+            return head + ("-dirty" if dirty else "")
+    return "unknown"
 
 
 def machine():

@@ -19,7 +19,10 @@ import pytest
 
 from keras_ddl_tools import render_docs, results
 
-REPO = results.REPO
+# The repository this test file is in (keras_ddl_tools may be imported from
+# an installed copy, whose directory holds no docs).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "docs", "results")
 # Pages linked from the docs that other branches are writing; remove a name
 # from this list once its file exists on the main branch.
 PENDING = {"docs/gpus.md", "docs/horovod_porting.md", "docs/versions.md",
@@ -39,7 +42,7 @@ def _markdown_files():
 
 
 def test_results_files_are_complete():
-    all_results = results.load_all()
+    all_results = results.load_all(RESULTS)
     assert all_results, "docs/results/ holds no results file"
     for name, data in all_results.items():
         assert data.get("name") == name, f"{name}.json names itself '{data.get('name')}'"
@@ -59,7 +62,7 @@ def test_rendered_blocks_match_results(rel):
     views = render_docs.blocks(text)
     for view in views:
         assert view in render_docs.VIEWS, f"{rel}: unknown results view '{view}'"
-    rendered = render_docs.render_text(text, results.load_all())
+    rendered = render_docs.render_text(text, results.load_all(RESULTS))
     assert rendered == text, (f"{rel}: a results block differs from docs/results/ "
                               f"(run python -m keras_ddl_tools.render_docs)")
 
