@@ -78,7 +78,7 @@ def view_allreduce(result, sizes=None, busbw=False):
     for r in rows:
         cells = [r["key"], _range(r["time_us"], _ms), _range(r["baseline_us"], _ms)]
         if busbw:
-            cells.append(_range(r["busbw_GBps"], lambda v: f"{v:.2f}"))
+            cells.append(_range(r["busbw_GBps"], lambda v: f"{v:.3g}"))
         cells.append(_range(r["speedup"], _ratio))
         lines.append("| " + " | ".join(cells) + " |")
     ranks = result["launches"][0].get("ranks", "?")
