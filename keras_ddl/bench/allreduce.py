@@ -148,7 +148,7 @@ def gradient_list(reps, limit=None):
     wrong = count_wrong(result["out"])
     base = med["separate"]
     runs = {k: [t * 1e6 for t in v] for k, v in times.items()}
-    label = f"{len(shapes)} tensors, {human_bytes(total)}"
+    label = f"{len(shapes)} tensors, {total / (1 << 20):.1f} MB"
     rows = [
         {"method": "ddl.grouped_allreduce (tf.function)", "tensors": label,
          "time_us": med["grouped"] * 1e6, "vs_separate": base / med["grouped"], "wrong": wrong,
