@@ -186,8 +186,8 @@ def test_views_for_future_results_files_render():
     JSON those benchmarks write (shapes copied from keras_ddl/bench)."""
     cluster = [_fake_launch({
         "nodes": 2, "ranks_per_node": 1, "rate": "1gbit", "burst_bytes": 262144,
-        "rows": [{"size": "64MB", "bound_us": 5e5, "auto_us": 5.4e5 + 1000 * d, "hierarchical_us": 6e5,
-                  "flat_us": 6e5, "auto/mpi": 1.4, "hierarchical/mpi": 1.2, "flat/mpi": 1.2,
+        "rows": [{"size": "64MB", "bound_us": 5e5, "auto_us": 5.4e5 + 1000 * d,
+                  "hierarchical_us": 6e5, "flat_us": 6e5, "auto/mpi": 1.4, "hierarchical/mpi": 1.2, "flat/mpi": 1.2,
                   "mpi_us": 8e5, "fp16_us": 2.8e5, "fp16_speedup": 1.9,
                   "auto_of_bound": 0.92, "best/auto": 0.9, "wrong": 0}],
         "raw": {"auto": [[{"time_us": 1.0}]]}}, d) for d in (1, 2, 3)]
