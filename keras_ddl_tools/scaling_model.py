@@ -648,7 +648,8 @@ def test_cluster_system(link_bits_per_s, step_s, link_efficiency=0.94):
     network namespaces of one rank each (one CPU core, one TF thread), a
     shaped link between them, keras_ddl's flat path. ``link_efficiency`` is
     the fraction of the link rate a 64 MB allreduce reaches there
-    (docs/PERFORMANCE.md); ``step_s`` the measured one-rank step."""
+    (docs/performance-notes/2026-12-03-cluster-allreduce.md); ``step_s`` the
+    measured one-rank step."""
     return System(
         name="netns_cluster",
         description=f"2 network namespaces x 1 CPU rank, {link_bits_per_s / 1e9:g} Gbit/s "
@@ -660,7 +661,8 @@ def test_cluster_system(link_bits_per_s, step_s, link_efficiency=0.94):
         batch_per_gpu=8,
         algorithm="ring", fusion="cycle", fusion_bytes=64 * 2**20, cycle=1 * MS,
         negotiation=True,
-        sources=("python -m keras_ddl.bench fit --cluster 2 (docs/PERFORMANCE.md)",))
+        sources=("python -m keras_ddl.bench fit --cluster 2 "
+                 "(docs/performance-notes/2026-12-04-fit-across-nodes.md)",))
 
 
 def half_precision_wire(work):
@@ -722,20 +724,21 @@ def shm_link(copy_bandwidth, alpha):
     return Link(alpha=alpha, bandwidth=copy_bandwidth / SHM_TRAFFIC_PER_COPY)
 
 
-def _fastest(fn, reps):
-    """The fastest of reps runs: the machine is shared, and a link's
-    parameters are what it does when nothing else is in the way."""
-    best = float("inf")
+def _median_time(fn, reps):
+    """The median of reps runs, and their (min, max): the machine is shared,
+    so the range says how much to trust the median."""
+    import statistics
+    times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), (min(times), max(times))
 
 
 def calibrate(copy_bytes=64 << 20, reps=7, comm=None):
-    """Measures this machine's local terms, each the fastest of several
-    runs: numpy copy bandwidth and, with two or more MPI ranks, the
+    """Measures this machine's local terms, each the median of several
+    runs (with the range in ``*_range``): numpy copy bandwidth and, with two or more MPI ranks, the
     shared-memory MPI latency (ping-pong of 8 bytes between ranks 0 and 1),
     the ping-pong bandwidth of 16 MiB and an mpi4py Allreduce of 16 MiB. All
     ranks must call it; returns a dict on every rank (ranks other than 0 and
@@ -745,8 +748,9 @@ def calibrate(copy_bytes=64 << 20, reps=7, comm=None):
     src = np.ones(copy_bytes // 4, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # fault the pages in
-    t_copy = _fastest(lambda: np.copyto(dst, src), reps)
-    result = {"copy_bytes": copy_bytes, "copy_s": t_copy, "copy_GBps": copy_bytes / t_copy / GB,
+    t_copy, copy_range = _median_time(lambda: np.copyto(dst, src), reps)
+    result = {"copy_bytes": copy_bytes, "copy_s": t_copy, "copy_s_range": copy_range,
+              "copy_GBps": copy_bytes / t_copy / GB,
               "ranks": 1, "loadavg_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
     if comm is None or comm.Get_size() < 2:
         return result
@@ -767,20 +771,22 @@ def calibrate(copy_bytes=64 << 20, reps=7, comm=None):
 
     small = np.zeros(2, np.float32)
     pingpong(small, 50)
-    rtt_small = min(pingpong(small, 200) for _ in range(5))
+    import statistics
+    rtt_small = statistics.median(pingpong(small, 200) for _ in range(5))
     big = np.zeros((16 << 20) // 4, np.float32)
     pingpong(big, 2)
-    rtt_big = min(pingpong(big, 3) for _ in range(3))
+    rtt_big = statistics.median(pingpong(big, 3) for _ in range(3))
     send = np.ones((16 << 20) // 4, np.float32)
     recv = np.empty_like(send)
     from mpi4py import MPI
     comm.Allreduce(send, recv, op=MPI.SUM)
-    t_ar = float("inf")
+    ar_times = []
     for _ in range(5):
         comm.Barrier()
         t0 = time.perf_counter()
         comm.Allreduce(send, recv, op=MPI.SUM)
-        t_ar = min(t_ar, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        ar_times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    t_ar = statistics.median(ar_times)
     # rank 0's view is the one reported
     rtt_small = comm.bcast(rtt_small, root=0)
     rtt_big = comm.bcast(rtt_big, root=0)
@@ -1015,7 +1021,7 @@ def main(args, out=None):
         cal = [{"quantity": "load average (1 min) / CPUs",
                 "measured": f"{measured['loadavg_1min']:.1f} / {measured['cpus']}",
                 "reference": "a busy machine gives slow links"},
-               {"quantity": "numpy copy of 64 MiB, one core (fastest of 7)",
+               {"quantity": "numpy copy of 64 MiB, one core (median of 7)",
                 "measured": f"{measured['copy_s'] / MS:.2f} ms = {measured['copy_GBps']:.2f} GB/s",
                 "reference": "BENCHMARKS.md: ~8 ms"}]
         if "mpi_latency_s" in measured:
@@ -1024,7 +1030,7 @@ def main(args, out=None):
                  "measured": f"{measured['mpi_latency_s'] / US:.2f} us", "reference": "-"},
                 {"quantity": "MPI ping-pong 16 MiB, bandwidth",
                  "measured": f"{measured['mpi_p2p_GBps']:.2f} GB/s", "reference": "-"},
-                {"quantity": f"mpi4py Allreduce 16 MiB, {measured['ranks']} ranks (fastest of 5)",
+                {"quantity": f"mpi4py Allreduce 16 MiB, {measured['ranks']} ranks (median of 5)",
                  "measured": f"{measured['mpi_allreduce_s'] / MS:.2f} ms, busbw "
                              f"{measured['mpi_allreduce_busbw_GBps']:.2f} GB/s",
                  "reference": "BENCHMARKS.md: 64 MB in ~50 ms (1.3 GB/s algbw)"},

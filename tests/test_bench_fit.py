@@ -26,6 +26,7 @@ def test_fit_weak_scaling_table(tmp_path):
               "2x1_indep_ms machine communication img_per_s identical target")
     assert header in " ".join(proc.stdout.split())
     result = json.loads(out.read_text())
+    assert {"date", "commit", "command", "machine"} <= set(result["meta"])
     row = result["scaling"]
     assert row["ranks"] == 2 and row["batch_per_rank"] == 4 and row["identical"] == "yes"
     assert abs(row["efficiency"] - row["1rank_ms"] / row["2rank_ms"]) < 1e-9

@@ -1,5 +1,5 @@
 """The MPI benchmarks at tiny sizes: the tables' structure and wrong == 0.
-(Their real results live in docs/PERFORMANCE.md, not in assertions.)"""
+(Their real results live in docs/results/, rendered into docs/PERFORMANCE.md, not in assertions.)"""
 
 import json
 import subprocess
@@ -20,12 +20,16 @@ def test_allreduce_benchmark_tables(tmp_path):
     assert " ".join(header.split()) in " ".join(proc.stdout.split())
     result = json.loads(out.read_text())
     assert result["ranks"] == 2
+    # what a results file needs (keras_ddl_tools.results): when, what, where
+    assert {"date", "commit", "command", "machine"} <= set(result["meta"])
+    assert "keras_ddl.bench allreduce" in result["meta"]["command"]
     rows = result["allreduce"]
     assert [r["count"] for r in rows] == [1024, 16384, 262145]
     for r in rows:
         assert r["wrong"] == 0 and r["time_us"] > 0 and r["baseline_us"] > 0
         assert abs(r["busbw_GBps"] - r["algbw_GBps"]) < 1e-9  # 2*(n-1)/n == 1 at n=2
         assert abs(r["speedup"] - r["baseline_us"] / r["time_us"]) < 1e-6
+        assert len(r["time_us_runs"]) == len(r["baseline_us_runs"]) == 1
     grads = result["resnet50_gradients"]
     assert grads[0]["wrong"] == 0 and "12 tensors" in grads[0]["tensors"]
     assert (tmp_path / "busbw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -53,3 +57,4 @@ def test_bench_all_runs_mwms_allreduce_and_fit(tmp_path):
     assert reduced["resnet50_gradients"][0]["wrong"] == 0  # the grouped row is checked
     fit = json.loads((tmp_path / "r.fit.json").read_text())
     assert fit["ranks"] == 2 and fit["identical"] and len(fit["step_s"]["ddl"]) == 1
+    assert fit["fit"][0]["ranks"] == 2 and "date" in fit["meta"]

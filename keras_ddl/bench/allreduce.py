@@ -69,7 +69,9 @@ def sweep(sizes, reps, with_fp16=False):
         row = {"size": human_bytes(nbytes), "count": count, "type": "float32",
                "redop": "sum", "time_us": t * 1e6, "algbw_GBps": algbw,
                "busbw_GBps": algbw * 2 * (n - 1) / n, "baseline_us": tb * 1e6,
-               "speedup": tb / t, "wrong": wrong}
+               "speedup": tb / t, "wrong": wrong,
+               "time_us_runs": [v * 1e6 for v in t_ours],
+               "baseline_us_runs": [v * 1e6 for v in t_base]}
         if with_fp16:
             # The inputs are small integers: exact in fp16 and in its sums.
             row["fp16_us"] = float(np.median(t_fp16)) * 1e6
@@ -145,19 +147,24 @@ def gradient_list(reps, limit=None):
         return COMM.allreduce(wrong, op=MPI.SUM)
     wrong = count_wrong(result["out"])
     base = med["separate"]
-    label = f"{len(shapes)} tensors, {human_bytes(total)}"
+    runs = {k: [t * 1e6 for t in v] for k, v in times.items()}
+    label = f"{len(shapes)} tensors, {total / (1 << 20):.1f} MB"
     rows = [
         {"method": "ddl.grouped_allreduce (tf.function)", "tensors": label,
-         "time_us": med["grouped"] * 1e6, "vs_separate": base / med["grouped"], "wrong": wrong},
+         "time_us": med["grouped"] * 1e6, "vs_separate": base / med["grouped"], "wrong": wrong,
+         "time_us_runs": runs["grouped"]},
         {"method": "... the same, tensors passed as arguments", "tensors": label,
          "time_us": med["grouped_args"] * 1e6, "vs_separate": base / med["grouped_args"],
-         "wrong": count_wrong(result["args_out"])},
+         "wrong": count_wrong(result["args_out"]), "time_us_runs": runs["grouped_args"]},
         {"method": "ddl.allreduce per tensor (tf.function)", "tensors": label,
-         "time_us": med["per_tensor"] * 1e6, "vs_separate": base / med["per_tensor"], "wrong": "-"},
+         "time_us": med["per_tensor"] * 1e6, "vs_separate": base / med["per_tensor"], "wrong": "-",
+         "time_us_runs": runs["per_tensor"]},
         {"method": "mpi4py Allreduce per tensor", "tensors": label,
-         "time_us": base * 1e6, "vs_separate": 1.0, "wrong": "-"},
+         "time_us": base * 1e6, "vs_separate": 1.0, "wrong": "-",
+         "time_us_runs": runs["separate"]},
         {"method": "mpi4py Allreduce, one packed buffer", "tensors": label,
-         "time_us": med["packed"] * 1e6, "vs_separate": base / med["packed"], "wrong": "-"},
+         "time_us": med["packed"] * 1e6, "vs_separate": base / med["packed"], "wrong": "-",
+         "time_us_runs": runs["packed"]},
     ]
     return rows
 

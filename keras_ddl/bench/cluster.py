@@ -108,9 +108,9 @@ def run(args, sizes, human_bytes):
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
     _print_rows(title, [{c: row.get(c, "-") for c in columns} for row in table])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
-                       "burst_bytes": cluster.burst, "rows": table, "raw": runs}, f, indent=2)
+        from keras_ddl_tools.results import write_json
+        write_json(args.json, {"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
+                               "burst_bytes": cluster.burst, "rows": table, "raw": runs})
     if args.plot:
         _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)
 

@@ -1,6 +1,5 @@
 """Timing and table helpers shared by the benchmarks."""
 
-import json
 import statistics
 import time
 
@@ -52,6 +51,8 @@ def _fmt(value):
 
 
 def dump_json(path, payload):
+    """Rank 0 writes payload with the run's date, commit, command and machine."""
     if COMM.Get_rank() == 0 and path:
-        with open(path, "w") as f:
-            json.dump(payload, f, indent=2)
+        from keras_ddl_tools.results import write_json
+        payload = dict(payload, ranks_in_launch=COMM.Get_size())
+        write_json(path, payload)

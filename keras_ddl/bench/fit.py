@@ -274,7 +274,7 @@ def _print_measurement(result):
                  "plain_ms": plain_ms, "plain_min": plain_min, "plain_cpu": plain_cpu}]
         print_table(f"fit step time, {result['ranks']} independent plain-Keras processes "
                     "(no collectives)", list(rows[0]), rows)
-        return
+        return {"fit": rows}
     ddl_ms, ddl_min, ddl_cpu = (1e3 * v for v in _summary(result["step_s"]["ddl"]))
     if "plain" in result["step_s"]:
         plain_ms, plain_min, plain_cpu = (1e3 * v for v in _summary(result["step_s"]["plain"]))
@@ -287,6 +287,7 @@ def _print_measurement(result):
         print_table(f"fit step time, one process, {result['threads']} TF thread(s): "
                     f"DDLStrategy vs plain Keras, {result['reps']} interleaved repetitions",
                     list(rows[0]), rows)
+        tables = {"fit": rows}
     else:
         rows = [{"model": _model_label(result), "ranks": result["ranks"],
                  "batch_per_rank": result["batch_per_rank"], "steps": result["steps"],
@@ -297,6 +298,7 @@ def _print_measurement(result):
         print_table(f"fit step time, DDLStrategy on {result['ranks']} ranks x "
                     f"{result['threads']} TF thread(s), {result['reps']} repetitions "
                     "(weak scaling against 1 rank: --scaling N)", list(rows[0]), rows)
+        tables = {"fit": rows}
     if "ddl_grouped" in result["step_s"]:
         grouped_ms, grouped_min, grouped_cpu = (
             1e3 * v for v in _summary(result["step_s"]["ddl_grouped"]))
@@ -309,6 +311,8 @@ def _print_measurement(result):
         print_table("gradient layout: one allreduce per gradient overlapping backprop "
                     "(overlap_gradients=True) vs one grouped allreduce after it (False), "
                     f"{result['reps']} interleaved repetitions", list(rows[0]), rows)
+        tables["layout"] = rows
+    return tables
 
 
 def _mpiexec():
@@ -367,9 +371,9 @@ def _scaling(args):
                 f"(mpiexec -bind-to core), {args.threads} TF thread(s), same per-rank batch; "
                 f"{args.rounds} alternating launches x {args.reps} repetitions", [row])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"scaling": row, "step_s": {str(k): v for k, v in samples.items()}}, f,
-                      indent=2)
+        from keras_ddl_tools.results import write_json
+        write_json(args.json, {"scaling": row,
+                               "step_s": {str(k): v for k, v in samples.items()}})
 
 
 def _print_rows(title, rows):
@@ -397,5 +401,5 @@ def main(args):
         return
     result = _measure(args)
     from .common import dump_json
-    _print_measurement(result)
-    dump_json(args.json, result)
+    tables = _print_measurement(result)
+    dump_json(args.json, dict(result, **tables))  # the printed rows too: results files merge them

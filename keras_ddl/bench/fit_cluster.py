@@ -118,5 +118,5 @@ def run(args):
                     f"time inside it; exposed = last gradient to last allreduce end)",
                     spans)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "step_s": steps, "timeline": spans}, f, indent=2)
+        from keras_ddl_tools.results import write_json
+        write_json(args.json, {"rows": rows, "step_s": steps, "timeline": spans})

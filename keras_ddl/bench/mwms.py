@@ -81,7 +81,8 @@ def main(args):
         return ddl.grouped_allreduce(values, op=ddl.Sum, name="bench.mwms_peer")
 
     def compare(values):
-        """(ddl seconds, mwms seconds, wrong elements in ours, wrong in MWMS)."""
+        """(ddl seconds, mwms seconds, wrong elements in ours, wrong in MWMS,
+        every repetition's (ddl, mwms) seconds)."""
         reduce = mwms_reducer()
         out = {}
 
@@ -101,30 +102,33 @@ def main(args):
                 expected = _expected(int(np.prod(v.shape)), n).reshape(v.shape)
                 wrong[i] += int(np.count_nonzero(np.asarray(got) != expected))
         return (float(np.median(t_ddl)), float(np.median(t_mwms)),
-                COMM.allreduce(wrong[0]), COMM.allreduce(wrong[1]))
+                COMM.allreduce(wrong[0]), COMM.allreduce(wrong[1]), (t_ddl, t_mwms))
 
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     rows = []
     for nbytes in sizes:
         count = nbytes // 4
-        t_ddl, t_mwms, wrong, wrong_mwms = compare([tf.constant(_inputs(count, rank))])
+        t_ddl, t_mwms, wrong, wrong_mwms, runs = compare([tf.constant(_inputs(count, rank))])
         rows.append({"size": human_bytes(nbytes), "count": count, "type": "float32",
                      "redop": "sum", "ddl_us": t_ddl * 1e6, "mwms_us": t_mwms * 1e6,
                      "ddl_busbw_GBps": _busbw(count * 4, t_ddl, n),
                      "mwms_busbw_GBps": _busbw(count * 4, t_mwms, n),
-                     "speedup": t_mwms / t_ddl, "wrong": wrong + wrong_mwms})
+                     "speedup": t_mwms / t_ddl, "wrong": wrong + wrong_mwms,
+                     "ddl_us_runs": [t * 1e6 for t in runs[0]],
+                     "mwms_us_runs": [t * 1e6 for t in runs[1]]})
     print_table(f"all_reduce: keras_ddl (tf.function) vs MultiWorkerMirroredStrategy RING "
                 f"strategy.run, {n} ranks, median of {args.reps} interleaved repetitions",
                 COLUMNS, rows)
     payload = {"ranks": n, "mwms": rows}
     shapes = resnet50_shapes()[:args.gradient_tensors]
     grads = [tf.constant(_inputs(int(np.prod(s)), rank).reshape(s)) for s in shapes]
-    t_ddl, t_mwms, wrong, wrong_mwms = compare(grads)
+    t_ddl, t_mwms, wrong, wrong_mwms, runs = compare(grads)
     total = sum(int(np.prod(s)) for s in shapes) * 4
     grad_rows = [{"tensors": f"{len(shapes)} tensors, {human_bytes(total)}",
                   "ddl_us": t_ddl * 1e6, "mwms_us": t_mwms * 1e6, "speedup": t_mwms / t_ddl,
-                  "wrong": wrong + wrong_mwms}]
+                  "wrong": wrong + wrong_mwms, "ddl_us_runs": [t * 1e6 for t in runs[0]],
+                  "mwms_us_runs": [t * 1e6 for t in runs[1]]}]
     print_table("ResNet-50 gradient list, one all_reduce of the whole list (grouped)",
-                list(grad_rows[0]), grad_rows)
+                ["tensors", "ddl_us", "mwms_us", "speedup", "wrong"], grad_rows)
     payload["resnet50_gradients"] = grad_rows
     dump_json(args.json, payload)

@@ -59,7 +59,7 @@ def default_burst(rate_bps):
     """Bytes a link's token bucket holds unless told: 2 ms at the rate, and
     at least 256 KB. After an idle moment those bytes leave at the veth's
     own speed, so a call that sends up to about this much per link is
-    faster than the rate allows (docs/PERFORMANCE.md, "Small messages").
+    faster than the rate allows (docs/performance-notes/2026-12-04-token-bucket.md).
     A 64 KB bucket at 1 Gbit/s cost a 16 MB allreduce a tenth of its speed
     at 2 nodes x 1 rank and a fifth at 2 x 2 on a 2-core machine, probably
     because ranks sharing cores leave gaps in sending that a small bucket

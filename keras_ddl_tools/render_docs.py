@@ -1,0 +1,254 @@
+"""Fills the figure tables of README.md and docs/*.md from docs/results/*.json.
+
+    python -m keras_ddl_tools.render_docs           # rewrite the marked blocks
+    python -m keras_ddl_tools.render_docs --check   # exit 1 if a block is stale
+
+A block is two HTML comments around generated text::
+
+    <!-- results:VIEW -->
+    ... generated, do not edit ...
+    <!-- /results:VIEW -->
+
+VIEW names an entry of VIEWS below: which results file, which table, which
+rows and columns. Every table is followed by where its figures come from:
+the command, the dates, the commit, the machine and the conditions.
+Standard library only.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+from . import results as R
+
+DOCS = ("README.md", "docs/PERFORMANCE.md")
+BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
+                   r"(<!-- /results:(?P=view) -->)", re.S)
+
+
+def _ms(us):
+    return f"{us / 1000:.2f}" if us >= 100 else f"{us / 1000:.3f}"
+
+
+def _ratio(v):
+    return f"{v:.2g}x" if v < 0.1 else f"{v:.2f}x"
+
+
+def _range(field, fmt):
+    return f"{fmt(field['median'])} ({fmt(field['min'])}-{fmt(field['max'])})"
+
+
+def _rows(result, table, keys=None):
+    rows = result["tables"].get(table)
+    if rows is None:
+        raise KeyError(f"results file '{result['name']}' has no table '{table}'")
+    by_key = {r["key"]: r for r in rows}
+    if keys is None:
+        return rows
+    missing = [k for k in keys if k not in by_key]
+    if missing:
+        raise KeyError(f"results file '{result['name']}', table '{table}': no rows {missing}")
+    return [by_key[k] for k in keys]
+
+
+def _source(result):
+    """The lines under a table: how to get the same figures again."""
+    m = result.get("machine", {})
+    first, last = (d.replace("T", " ").rstrip("Z")[:16] for d in result["dates"])
+    when = first if first == last else (
+        f"{first}-{last[11:]}" if first[:10] == last[:10] else f"{first} to {last}")
+    commits = ", ".join(c[:7] + ("-dirty" if c.endswith("-dirty") else "")
+                        for c in result["commits"])
+    versions = ", ".join(f"{k} {m[k]}" for k in ("tensorflow", "keras", "mpi4py") if k in m)
+    machine = f"{m.get('cores', '?')} cores, {m.get('cpu', '?')}, {m.get('kernel', '?')}"
+    n = len(result["launches"])
+    return (f"Median over {n} launch{'es' if n != 1 else ''} (range: lowest-highest launch), "
+            f"from `docs/results/{result['name']}.json`. Command: `{result['command']}`. "
+            f"Run {when} UTC, commit {commits}; {machine}"
+            f"{'; ' + versions if versions else ''}. Conditions: {result['conditions']}.")
+
+
+def view_allreduce(result, sizes=None, busbw=False):
+    rows = _rows(result, "allreduce", sizes)
+    head = ["size", "keras_ddl (ms)", "MPI_Allreduce (ms)", "speed-up over MPI"]
+    if busbw:
+        head.insert(3, "keras_ddl busbw (GB/s)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["key"], _range(r["time_us"], _ms), _range(r["baseline_us"], _ms)]
+        if busbw:
+            cells.append(_range(r["busbw_GBps"], lambda v: f"{v:.3g}"))
+        cells.append(_range(r["speedup"], _ratio))
+        lines.append("| " + " | ".join(cells) + " |")
+    ranks = result["launches"][0].get("ranks", "?")
+    wrong = sum(max(r["wrong"]["values"]) if isinstance(r["wrong"], dict) else r["wrong"]
+                for r in rows if "wrong" in r)
+    lines += ["", f"{ranks} ranks on one host, one float32 tensor per call, sum; speed-up = "
+                  f"MPI time / keras_ddl time in the same launch; elements differing from the "
+                  f"exact result: {wrong}.", "", _source(result)]
+    return lines
+
+
+def view_gradients(result, methods=None, source=True):
+    rows = _rows(result, "resnet50_gradients", methods)
+    label = rows[0].get("tensors", "")
+    head = ["method", "time (ms)", "speed-up over MPI per tensor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append(f"| {r['key']} | {_range(r['time_us'], _ms)} | "
+                     f"{_range(r['vs_separate'], _ratio)} |")
+    lines += ["", f"The Keras 3 ResNet-50 gradient list ({label}), float32 sum."]
+    if source:
+        lines += ["", _source(result)]
+    return lines
+
+
+def view_readme(result):
+    """The README's few rows: some sizes, then the gradient list as one call."""
+    sizes = view_allreduce(result, sizes=["4KB", "1MB", "16MB", "64MB"])[:-2]
+    grads = view_gradients(result, ["ddl.grouped_allreduce (tf.function)",
+                                    "mpi4py Allreduce per tensor"], source=False)
+    return sizes + [""] + grads + ["", _source(result)]
+
+
+def view_fit_overhead(result):
+    """DDLStrategy on one process against plain Keras, the same model and data."""
+    head = ["model", "plain Keras step (ms)", "DDLStrategy step (ms)",
+            "DDLStrategy / plain Keras"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in _rows(result, "fit"):
+        lines.append(f"| {r['key']} | {_range(r['plain_ms'], lambda v: f'{v:.1f}')} | "
+                     f"{_range(r['ddl_ms'], lambda v: f'{v:.1f}')} | "
+                     f"{_range(r['ratio'], lambda v: f'{v:.3f}')} |")
+    lines += ["", "Step time of `model.fit` (median over each launch's repetitions); the two "
+                  "models are timed interleaved in the same process.", "", _source(result)]
+    return lines
+
+
+def view_cluster_allreduce(result, sizes=None):
+    """bench allreduce --cluster KxR: keras_ddl against MPICH and the links' bound."""
+    launch = result["launches"][0]
+    rows = _rows(result, "rows", sizes)
+    first = next(k[:-3] for k in rows[0] if k.endswith("_us") and k not in (
+        "bound_us", "mpi_us", "fp16_us"))
+    head = ["size", "link bound (ms)", "MPICH (ms)", f"keras_ddl {first} (ms)",
+            "speed-up over MPICH", "share of the bound", "fp16 on the wire: speed-up"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['key']} | {_ms(r['bound_us']['median'])} | "
+                     f"{_range(r['mpi_us'], _ms)} | {_range(r[first + '_us'], _ms)} | "
+                     f"{_range(r[first + '/mpi'], _ratio)} | "
+                     f"{_range(r[first + '_of_bound'], pct)} | "
+                     f"{_range(r['fp16_speedup'], _ratio)} |")
+    lines += ["", f"{launch.get('nodes', '?')} nodes x {launch.get('ranks_per_node', '?')} "
+                  f"rank(s) per node, network namespaces on one machine, links "
+                  f"{launch.get('rate', '?')} each way (token bucket "
+                  f"{launch.get('burst_bytes', '?')} bytes); float32 sum. The bound is "
+                  "2(K-1)/K x size / link rate for K nodes.", "", _source(result)]
+    return lines
+
+
+def view_fit_scaling(result):
+    """bench fit --scaling N: weak scaling on one host, with its control run."""
+    rows = _rows(result, "scaling")
+    r = rows[0]
+    n = int(r["ranks"]["median"]) if isinstance(r["ranks"], dict) else r["ranks"]
+    head = ["model", "1 rank step (ms)", f"{n} ranks step (ms)", "efficiency",
+            "machine (control)", "communication"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    f3 = lambda v: f"{v:.3f}"  # noqa: E731
+    f1 = lambda v: f"{v:.1f}"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['key']} | {_range(r['1rank_ms'], f1)} | "
+                     f"{_range(r[f'{n}rank_ms'], f1)} | {_range(r['efficiency'], f3)} | "
+                     f"{_range(r['machine'], f3)} | {_range(r['communication'], f3)} |")
+    lines += ["", "Weak scaling, each rank pinned to its own core with one TensorFlow thread; "
+                  "efficiency = 1-rank step / N-rank step = machine x communication, where "
+                  "machine compares N independent processes without collectives to one.",
+              "", _source(result)]
+    return lines
+
+
+def view_fit_cluster(result):
+    """bench fit --cluster K: weak scaling across network-namespace nodes."""
+    rows = _rows(result, "rows")
+    head = ["overlap / wire", "efficiency", "machine (control)", "communication"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    f3 = lambda v: f"{v:.3f}"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['key']} | {_range(r['efficiency'], f3)} | "
+                     f"{_range(r['machine'], f3)} | {_range(r['communication'], f3)} |")
+    lines += ["", "`model.fit` under DDLStrategy, one rank per network-namespace node, one "
+                  "core each; efficiency against one rank alone.", "", _source(result)]
+    return lines
+
+
+# name -> (results file, function, keyword arguments). A new results file
+# gets a view here, then a block in README.md or docs/PERFORMANCE.md.
+VIEWS = {
+    "allreduce_1host.headline": ("allreduce_1host", view_allreduce,
+                                 {"sizes": ["4KB", "1MB", "16MB", "64MB"]}),
+    "allreduce_1host.readme": ("allreduce_1host", view_readme, {}),
+    "allreduce_1host.sizes": ("allreduce_1host", view_allreduce, {"busbw": True}),
+    "allreduce_1host.gradients": ("allreduce_1host", view_gradients, {}),
+    "fit_1proc.overhead": ("fit_1proc", view_fit_overhead, {}),
+    # Views ready for results files not made yet (see docs/results/README.md):
+    "cluster_2x1_1gbit.allreduce": ("cluster_2x1_1gbit", view_cluster_allreduce, {}),
+    "cluster_2x2_1gbit.allreduce": ("cluster_2x2_1gbit", view_cluster_allreduce, {}),
+    "fit_scaling_2.scaling": ("fit_scaling_2", view_fit_scaling, {}),
+    "fit_cluster_2x1_1gbit.fit": ("fit_cluster_2x1_1gbit", view_fit_cluster, {}),
+}
+
+
+def render_view(view, all_results):
+    if view not in VIEWS:
+        raise KeyError(f"unknown results view '{view}' (known: {', '.join(sorted(VIEWS))})")
+    name, fn, kwargs = VIEWS[view]
+    if name not in all_results:
+        raise KeyError(f"view '{view}' needs docs/results/{name}.json, which does not exist")
+    lines = ["<!-- generated by python -m keras_ddl_tools.render_docs; do not edit -->"]
+    lines += fn(all_results[name], **kwargs)
+    return "\n".join(lines) + "\n"
+
+
+def render_text(text, all_results):
+    """text with every results block re-rendered."""
+    def replace(match):
+        return match.group(1) + render_view(match.group("view"), all_results) + match.group(4)
+    return BLOCK.sub(replace, text)
+
+
+def blocks(text):
+    return [m.group("view") for m in BLOCK.finditer(text)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m keras_ddl_tools.render_docs",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a block differs from the results files")
+    args = parser.parse_args(argv)
+    all_results = R.load_all()
+    stale = []
+    for rel in DOCS:
+        path = os.path.join(R.REPO, rel)
+        with open(path) as f:
+            text = f.read()
+        new = render_text(text, all_results)
+        if new != text:
+            stale.append(rel)
+            if not args.check:
+                with open(path, "w") as f:
+                    f.write(new)
+    if args.check and stale:
+        print(f"stale results blocks in: {', '.join(stale)} "
+              f"(run python -m keras_ddl_tools.render_docs)", file=sys.stderr)
+        return 1
+    print(("rendered: " if stale else "up to date: ") + ", ".join(stale or DOCS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
