@@ -85,6 +85,15 @@ def test_node_shared_memory_allreduce_on_threads_as_ranks(tmp_path):
     assert_no_failures(proc)
 
 
+def test_rack_allreduce_on_threads_as_ranks(tmp_path):
+    """1-3 racks x 1-3 nodes, odd lengths, pieces and messages of a few
+    bytes up (a pipeline of many steps) to one piece: every rank's bits
+    are each rack's nodes in node order, then the racks in rack order."""
+    proc = build_and_run("rack_allreduce_check.cc",
+                         ["algorithms/rack_allreduce.cc", *ALGORITHMS], tmp_path)
+    assert_no_failures(proc)
+
+
 def test_engine_thread_priority_as_proc_reports_it(tmp_path):
     """DDL_ENGINE_PRIORITY's effect on a thread: nice -10 with the privilege
     (run as root), a 100 us slice without it (after dropping root), nothing

@@ -1,0 +1,188 @@
+#include "rack_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../common/reduce_kernels.h"
+#include "ring.h"
+
+namespace ddl {
+
+namespace {
+
+constexpr int kTagRackScatter = 111;
+constexpr int kTagAcrossScatter = 112;
+constexpr int kTagAcrossGather = 113;
+constexpr int kTagRackGather = 114;
+
+// n contiguous parts starting at element `first`: part p is elements
+// [at[p], at[p + 1]) of the buffer.
+std::vector<int64_t> PartStarts(int64_t first, int64_t count, int n) {
+  const std::vector<int64_t> counts = EvenSegments(count, n);
+  std::vector<int64_t> at(n + 1, first);
+  for (int p = 0; p < n; ++p) at[p + 1] = at[p] + counts[p];
+  return at;
+}
+
+// One round of a reduce-scatter over `t`: part p of the range goes to rank
+// p, and this rank combines every rank's copy of its own part in rank
+// order. Start posts the messages; Finish waits, reduces and waits for the
+// sends, so between the two the transport moves this round's bytes while
+// the caller starts other rounds.
+class ScatterRound {
+ public:
+  ScatterRound(Transport& t, int tag, size_t elem, int64_t max_part)
+      : t_(t), tag_(tag), elem_(elem),
+        landing_(static_cast<size_t>(std::max(t.size(), 1)) * max_part * elem) {}
+
+  void Start(char* base, std::vector<int64_t> at) {
+    at_ = std::move(at);
+    const int me = t_.rank();
+    const size_t mine = Bytes(me);
+    handles_.clear();
+    for (int p = 0; p < t_.size(); ++p) {
+      if (p == me) continue;
+      if (mine > 0) handles_.push_back(t_.Irecv(Landing(p), mine, p, tag_));
+      if (Bytes(p) > 0) handles_.push_back(t_.Isend(base + at_[p] * elem_, Bytes(p), p, tag_));
+    }
+    base_ = base;
+  }
+
+  // Leaves this rank's part reduced (and divided by `divisor` if not 0).
+  void Finish(DataType dtype, ReduceOp op, int divisor) {
+    for (Transport::Handle h : handles_) t_.Wait(h);
+    const int n = t_.size();
+    const int me = t_.rank();
+    const int64_t count = at_[me + 1] - at_[me];
+    char* dst = base_ + at_[me] * elem_;
+    if (count > 0 && n > 1) {
+      // This rank's own value goes to the last landing area (the one no
+      // peer uses) unless it is the first summand and can stay in place.
+      char* own = dst;
+      if (me > 0) {
+        own = Landing(me);
+        std::memcpy(own, dst, count * elem_);
+      }
+      auto value = [&](int r) -> const char* { return r == me ? own : Landing(r); };
+      if (me != 0) ReduceTo(dst, value(0), value(1), count, dtype, op);
+      for (int r = me == 0 ? 1 : 2; r < n; ++r) ReduceInto(dst, value(r), count, dtype, op);
+    }
+    if (divisor > 0 && count > 0) DivideBy(dst, count, dtype, divisor);
+  }
+
+  const std::vector<int64_t>& at() const { return at_; }
+
+ private:
+  size_t Bytes(int p) const { return static_cast<size_t>(at_[p + 1] - at_[p]) * elem_; }
+  // Peer p's copy of this rank's part; index me (unused by any peer) holds
+  // this rank's own copy when it needs one.
+  char* Landing(int p) {
+    return landing_.data() + static_cast<size_t>(p) * (landing_.size() / std::max(t_.size(), 1));
+  }
+
+  Transport& t_;
+  int tag_;
+  size_t elem_;
+  std::vector<char> landing_;
+  std::vector<int64_t> at_;
+  char* base_ = nullptr;
+  std::vector<Transport::Handle> handles_;
+};
+
+// One round of an all-gather over `t`: rank p's part goes to every rank,
+// straight into its place in the buffer.
+class GatherRound {
+ public:
+  GatherRound(Transport& t, int tag, size_t elem) : t_(t), tag_(tag), elem_(elem) {}
+
+  void Start(char* base, const std::vector<int64_t>& at) {
+    const int me = t_.rank();
+    auto bytes = [&](int p) { return static_cast<size_t>(at[p + 1] - at[p]) * elem_; };
+    handles_.clear();
+    for (int p = 0; p < t_.size(); ++p) {
+      if (p == me) continue;
+      if (bytes(p) > 0) handles_.push_back(t_.Irecv(base + at[p] * elem_, bytes(p), p, tag_));
+      if (bytes(me) > 0) handles_.push_back(t_.Isend(base + at[me] * elem_, bytes(me), p, tag_));
+    }
+  }
+  void Finish() {
+    for (Transport::Handle h : handles_) t_.Wait(h);
+  }
+
+ private:
+  Transport& t_;
+  int tag_;
+  size_t elem_;
+  std::vector<Transport::Handle> handles_;
+};
+
+}  // namespace
+
+bool RackAllreduceSuits(int racks, size_t bytes) { return racks > 1 && bytes > kRackMinBytes; }
+
+void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t count,
+                   DataType dtype, ReduceOp op, size_t piece_bytes) {
+  const int nodes = rack.size();
+  const int racks = across.size();
+  if (count == 0 || nodes * racks == 1) return;
+  const size_t elem = DataTypeSize(dtype);
+  char* base = static_cast<char*>(buffer);
+  // A piece's parts in the rack are its largest messages: at most
+  // ceil(piece / nodes) elements, so a piece of nodes x (the largest
+  // message) keeps every message within the transport's limit.
+  const int64_t max_message = static_cast<int64_t>(
+      std::max<size_t>(1, std::min(rack.MaxMessageBytes(), across.MaxMessageBytes()) / elem));
+  const int64_t piece = std::max<int64_t>(
+      1, std::min<int64_t>(static_cast<int64_t>(piece_bytes / elem), nodes * max_message));
+  const int64_t pieces = (count + piece - 1) / piece;
+  const int64_t max_segment = (piece + nodes - 1) / nodes;
+  const int64_t max_sub = (max_segment + racks - 1) / racks;
+  // Sums first; the rank owning a sub-segment after B divides it once.
+  const ReduceOp sum_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  const int divisor = op == ReduceOp::kAverage ? nodes * racks : 0;
+
+  ScatterRound rack_scatter(rack, kTagRackScatter, elem, max_segment);     // A
+  ScatterRound across_scatter(across, kTagAcrossScatter, elem, max_sub);  // B
+  GatherRound across_gather(across, kTagAcrossGather, elem);              // C
+  GatherRound rack_gather(rack, kTagRackGather, elem);                    // D
+  // The parts each stage works on, kept from its Start to the next stage's.
+  std::vector<int64_t> segments_b, segments_c, segments_d;
+  std::vector<int64_t> subs_c;
+
+  // Step s: piece s enters A, and pieces s-1, s-2, s-3 move on to B, C, D;
+  // pieces + 3 steps drain the pipeline. Every rank starts all of a step's
+  // rounds before finishing any, so no wait can block on a message a peer
+  // has not yet posted.
+  for (int64_t s = 0; s < pieces + 3; ++s) {
+    const bool a = s < pieces;
+    const bool b = s >= 1 && s - 1 < pieces;
+    const bool c = s >= 2 && s - 2 < pieces;
+    const bool d = s >= 3 && s - 3 < pieces;
+    // Segments move along the stages: A's of step s-1 is B's now, and so on.
+    segments_d = segments_c;
+    segments_c = segments_b;
+    segments_b = rack_scatter.at();
+    if (a) {
+      const int64_t first = s * piece;
+      rack_scatter.Start(base, PartStarts(first, std::min(piece, count - first), nodes));
+    }
+    if (b) {
+      const int me = rack.rank();
+      across_scatter.Start(base, PartStarts(segments_b[me], segments_b[me + 1] - segments_b[me],
+                                            racks));
+    }
+    if (c) across_gather.Start(base, subs_c);
+    if (d) rack_gather.Start(base, segments_d);
+
+    if (a) rack_scatter.Finish(dtype, sum_op, 0);
+    if (b) {
+      across_scatter.Finish(dtype, sum_op, divisor);
+      subs_c = across_scatter.at();  // C gathers these next step
+    }
+    if (c) across_gather.Finish();
+    if (d) rack_gather.Finish();
+  }
+}
+
+}  // namespace ddl
