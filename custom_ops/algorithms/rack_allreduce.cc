@@ -15,6 +15,7 @@ constexpr int kTagRackScatter = 111;
 constexpr int kTagAcrossScatter = 112;
 constexpr int kTagAcrossGather = 113;
 constexpr int kTagRackGather = 114;
+constexpr int kTagRackExchange = 115;
 
 // n contiguous parts starting at element `first`: part p is elements
 // [at[p], at[p + 1]) of the buffer.
@@ -119,7 +120,59 @@ class GatherRound {
 
 }  // namespace
 
-bool RackAllreduceSuits(int racks, size_t bytes) { return racks > 1 && bytes > kRackMinBytes; }
+void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64_t count,
+                         DataType dtype, ReduceOp op) {
+  const int n = all.size();
+  const int me = all.rank();
+  if (n == 1 || count == 0) return;
+  const size_t elem = DataTypeSize(dtype);
+  const size_t bytes = static_cast<size_t>(count) * elem;
+  // parts[r]: rank r's buffer (this rank's own is a copy: the sends read
+  // `buffer` until they complete); one more part for a rack's partial sum.
+  std::vector<char> parts(static_cast<size_t>(n + 1) * bytes);
+  auto part = [&](int r) { return parts.data() + static_cast<size_t>(r) * bytes; };
+  // Whole elements of at most the transport's largest message each.
+  const size_t piece = std::max(elem, all.MaxMessageBytes() / elem * elem);
+  std::vector<Transport::Handle> handles;
+  for (size_t offset = 0; offset < bytes; offset += piece) {
+    const size_t m = std::min(piece, bytes - offset);
+    for (int p = 0; p < n; ++p) {
+      if (p != me) handles.push_back(all.Irecv(part(p) + offset, m, p, kTagRackExchange));
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p != me) {
+        handles.push_back(
+            all.Isend(static_cast<const char*>(buffer) + offset, m, p, kTagRackExchange));
+      }
+    }
+  }
+  std::memcpy(part(me), buffer, bytes);
+  for (Transport::Handle h : handles) all.Wait(h);
+  const ReduceOp sum_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  // Rack r's nodes are ranks [r x N, (r + 1) x N): their partial in node
+  // order, then folded into the total in rack order.
+  char* partial = part(n);
+  const int racks = n / nodes_per_rack;
+  for (int r = 0; r < racks; ++r) {
+    char* into = r == 0 ? static_cast<char*>(buffer) : partial;
+    const int first = r * nodes_per_rack;
+    std::memcpy(into, part(first), bytes);
+    for (int k = 1; k < nodes_per_rack; ++k) ReduceInto(into, part(first + k), count, dtype, sum_op);
+    if (r > 0) ReduceInto(buffer, partial, count, dtype, sum_op);
+  }
+  if (op == ReduceOp::kAverage) DivideBy(buffer, count, dtype, n);
+}
+
+const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
+                              ReduceOp op, size_t piece_bytes) {
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
+  if (static_cast<size_t>(grid.all->size() - 1) * bytes <= kRackDirectExchangeBytes) {
+    RackOrderedExchange(*grid.all, grid.rack->size(), buffer, count, dtype, op);
+    return "RACK_ORDERED_EXCHANGE";
+  }
+  RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, piece_bytes);
+  return "RACK_ALLREDUCE";
+}
 
 void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t count,
                    DataType dtype, ReduceOp op, size_t piece_bytes) {

@@ -51,13 +51,30 @@ constexpr size_t kRackPieceBytes = 1 << 20;
 void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t count,
                    DataType dtype, ReduceOp op, size_t piece_bytes = kRackPieceBytes);
 
-// Up to this many bytes per rank a call is latency-bound: the four rounds
-// of the rack schedule cost more than the bytes they save, and one flat
-// exchange is the better choice (see RackAllreduceSuits).
-constexpr size_t kRackMinBytes = 256 << 10;
+// The groups of one rank of the N x R grid: `all` holds every rank of the
+// grid in rack-major order (rank = rack x N + node), `rack` and `across`
+// as above.
+struct RackGrid {
+  Transport* all;
+  Transport* rack;
+  Transport* across;
+};
 
-// True when the rack schedule is the better choice for `bytes` per rank:
-// there are several racks and the call is large enough.
-bool RackAllreduceSuits(int racks, size_t bytes);
+// Up to this many bytes sent per rank (the buffer times the other ranks),
+// one round of messages over `all` beats the four rounds of the schedule
+// (as DirectExchangeAllreduce over one switch).
+constexpr size_t kRackDirectExchangeBytes = 64 << 10;
+
+// Every rank sends its buffer to every other over `all` and combines them
+// in the same order as RackAllreduce, so a tensor gets the same bits
+// whichever of the two its fused call took.
+void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64_t count,
+                         DataType dtype, ReduceOp op);
+
+// The allreduce of a job with racks: the one-round exchange for small
+// calls, the pipelined schedule above for the rest. Returns the name of
+// the one it ran (the timeline's phase).
+const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
+                              ReduceOp op, size_t piece_bytes = kRackPieceBytes);
 
 }  // namespace ddl

@@ -57,9 +57,11 @@ std::vector<T> Expected(const std::vector<std::vector<T>>& in, int racks, int no
   return want;
 }
 
+enum class Run { kSchedule, kExchange, kGrid };
+
 template <typename T>
 void Check(int racks, int nodes, int64_t count, ReduceOp op, size_t max_message,
-           size_t piece_bytes, std::mt19937& rng) {
+           size_t piece_bytes, std::mt19937& rng, Run run = Run::kSchedule) {
   const int world = racks * nodes;
   std::uniform_real_distribution<double> real(-1, 1);
   std::uniform_int_distribution<int> small(-3, 3);
@@ -72,12 +74,21 @@ void Check(int racks, int nodes, int64_t count, ReduceOp op, size_t max_message,
   std::vector<std::unique_ptr<InProcessGroup>> rack_groups, columns;
   for (int r = 0; r < racks; ++r) rack_groups.push_back(std::make_unique<InProcessGroup>(nodes, max_message));
   for (int n = 0; n < nodes; ++n) columns.push_back(std::make_unique<InProcessGroup>(racks, max_message));
-  InProcessGroup everyone(world, 1);
+  InProcessGroup everyone(world, max_message);
+  std::vector<std::string> ran(world);
   everyone.Run([&](int w) {
     const int r = w / nodes, n = w % nodes;
     InProcessRank rack(*rack_groups[r], n);
     InProcessRank across(*columns[n], r);
-    RackAllreduce(rack, across, data[w].data(), count, TypeOf<T>(), op, piece_bytes);
+    InProcessRank all(everyone, w);
+    if (run == Run::kSchedule) {
+      RackAllreduce(rack, across, data[w].data(), count, TypeOf<T>(), op, piece_bytes);
+    } else if (run == Run::kExchange) {
+      RackOrderedExchange(all, nodes, data[w].data(), count, TypeOf<T>(), op);
+    } else {
+      ran[w] = RackGridAllreduce({&all, &rack, &across}, data[w].data(), count, TypeOf<T>(), op,
+                                 piece_bytes);
+    }
     // Every message within the limit (the harness throws otherwise) and
     // a bounded number in flight: on each group two rounds (A and D, or
     // B and C) of a send and a receive per peer.
@@ -87,7 +98,18 @@ void Check(int racks, int nodes, int64_t count, ReduceOp op, size_t max_message,
     Expect(rack.empty_messages() == 0 && across.empty_messages() == 0,
            "rack allreduce sends no empty messages");
   });
-  const std::string label = std::to_string(racks) + " racks x " + std::to_string(nodes) +
+  if (run == Run::kGrid && world > 1 && count > 0) {
+    // The one-round exchange exactly while the bytes it sends per rank
+    // stay within its limit.
+    const bool small = (world - 1) * count * sizeof(T) <= kRackDirectExchangeBytes;
+    Expect(ran[0] == (small ? "RACK_ORDERED_EXCHANGE" : "RACK_ALLREDUCE"),
+           "the grid allreduce of " + std::to_string(count * sizeof(T)) + " bytes over " +
+               std::to_string(world) + " ranks ran " + ran[0]);
+  }
+  const std::string label = std::string(run == Run::kSchedule   ? "schedule "
+                                         : run == Run::kExchange ? "exchange "
+                                                                 : "grid ") +
+                            std::to_string(racks) + " racks x " + std::to_string(nodes) +
                             " nodes count=" + std::to_string(count) + " " + ReduceOpName(op) +
                             " max_message=" + std::to_string(max_message) +
                             " piece=" + std::to_string(piece_bytes);
@@ -120,8 +142,19 @@ int main() {
       }
     }
   }
-  Expect(!RackAllreduceSuits(1, 64 << 20), "one rack never takes the rack schedule");
-  Expect(!RackAllreduceSuits(2, 4 << 10), "a 4 KB call over 2 racks stays flat");
-  Expect(RackAllreduceSuits(2, 64 << 20), "a 64 MB call over 2 racks takes the rack schedule");
+  // The exchange, and the choice between it and the schedule: both give
+  // the same order, so a tensor's bits do not depend on which one its
+  // fused call took. 20000 floats over 2+ ranks is above the exchange's
+  // limit.
+  for (int racks = 1; racks <= 3; ++racks) {
+    for (int nodes = 1; nodes <= 3; ++nodes) {
+      for (int64_t count : {int64_t(0), int64_t(7), int64_t(1001), int64_t(20000)}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin}) {
+          Check<float>(racks, nodes, count, op, 40, 256, rng, Run::kExchange);
+          Check<float>(racks, nodes, count, op, size_t(1) << 20, 4096, rng, Run::kGrid);
+        }
+      }
+    }
+  }
   return ddl_test::Summary();
 }
