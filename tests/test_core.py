@@ -97,6 +97,15 @@ def test_rack_allreduce_on_threads_as_ranks(tmp_path):
     assert_no_failures(proc)
 
 
+def test_topology_detection_and_agreement_on_threads_as_ranks(tmp_path):
+    """DDL_TOPOLOGY and SLURM_TOPOLOGY_ADDR read from a given environment
+    (malformed values named); 4-8 ranks agree on racks and nodes, or every
+    rank gets the same error naming the ranks and what each saw."""
+    proc = build_and_run("topology_check.cc", ["engine/topology.cc", "common/types.cc"],
+                         tmp_path)
+    assert_no_failures(proc)
+
+
 def test_engine_thread_priority_as_proc_reports_it(tmp_path):
     """DDL_ENGINE_PRIORITY's effect on a thread: nice -10 with the privilege
     (run as root), a 100 us slice without it (after dropping root), nothing
