@@ -71,7 +71,7 @@ void Engine::AbortOnDataPathFailure(const std::exception& e) {
   std::vector<int> peers;
   if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) peers = timeout->unreachable();
   if (peers.empty()) {
-    for (const MpiTransport* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
+    for (const Group* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
       for (int p : t->PendingPeers()) {
         if (std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
       }
@@ -103,7 +103,7 @@ void Engine::AbortOnDataPathFailure(const std::exception& e) {
 }
 
 std::string Engine::DiagnoseSilentPeers() {
-  MpiTransport& world = *ctx_->world;
+  Group& world = *ctx_->world;
   const double timeout = ctx_->config.peer_timeout_s;
   // Live ranks time out within milliseconds of each other (they all sat in
   // the same negotiation), so a few seconds is plenty to hear from them.
