@@ -91,8 +91,10 @@ Status Config::FromEnvironment(Config* c) {
       c->allreduce = AllreduceAlgorithm::kFlat;
     } else if (a == "hierarchical") {
       c->allreduce = AllreduceAlgorithm::kHierarchical;
+    } else if (a == "racks") {
+      c->allreduce = AllreduceAlgorithm::kRacks;
     } else {
-      return Invalid("DDL_ALLREDUCE", algo, "one of auto, flat, hierarchical");
+      return Invalid("DDL_ALLREDUCE", algo, "one of auto, flat, hierarchical, racks");
     }
   }
   if (const char* priority = std::getenv("DDL_ENGINE_PRIORITY")) {

@@ -8,7 +8,7 @@
 
 namespace ddl {
 
-enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical };
+enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical, kRacks };
 // How the engine thread claims its core (engine/thread_priority.h); kAuto
 // is kHigh when the job spans several nodes, kNormal on one.
 enum class EnginePriority { kNormal, kHigh, kAuto };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -18,7 +19,51 @@ namespace {
 constexpr size_t kNodeChunkBytes = 256 * 1024;
 constexpr size_t kCrossNodeChunkBytes = 1024 * 1024;
 constexpr int kNodeSlots = 4;
+// With racks each chunk's slices go through the rack allreduce's pipeline
+// (pieces of an eighth of a slice): larger chunks keep its fill and drain
+// a small part of each.
+constexpr size_t kRackChunkBytes = 4 * 1024 * 1024;
+
+std::string HostName() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
 }  // namespace
+
+Status Context::LearnRacks() {
+  // The node's id: the job-wide rank of its local rank 0.
+  const int64_t node_id = local->AllgatherInt64(world_rank)[0];
+  const RackPlace mine = DetectRack([](const char* n) { return std::getenv(n); }, HostName());
+  Status s = AgreeOnTopology(*world, mine, node_id, &topology);
+  if (!s.ok()) return Status::InvalidArgument(s.message() + Where());
+  const int num_racks = topology.num_racks();
+  const bool even = topology.nodes_per_rack > 0 && homogeneous;
+  if (config.allreduce == AllreduceAlgorithm::kRacks && !even) {
+    return Status::InvalidArgument(
+        "DDL_ALLREDUCE=racks needs as many nodes in every rack and as many ranks on every node; "
+        "the job has " + topology.Describe() + (homogeneous ? "" : ", with uneven nodes") +
+        "; use DDL_ALLREDUCE=auto" + Where());
+  }
+  racks = even && num_racks > 1 &&
+          (config.allreduce == AllreduceAlgorithm::kRacks ||
+           config.allreduce == AllreduceAlgorithm::kAuto);
+  // Every rank reached the same `racks` from the same topology.
+  if (!racks) return Status::Ok();
+  const int my_node = topology.node_of_rank[rank];
+  const int my_rack = topology.rack_of_rank[rank];
+  int place = 0;  // this node's index among its rack's nodes
+  for (int n = 0; n < my_node; ++n) place += topology.rack_of_node[n] == my_rack;
+  const int nodes = topology.nodes_per_rack;
+  rack_all = world->Split(local_rank, my_rack * static_cast<int>(topology.rack_of_node.size()) + my_node);
+  rack_row = world->Split(local_rank * num_racks + my_rack, place);
+  rack_column = world->Split(local_rank * nodes + place, my_rack);
+  for (Group* g : {rack_all.get(), rack_row.get(), rack_column.get()}) {
+    g->SetPeerTimeout(config.peer_timeout_s);
+    g->SetSpinPolls(config.spin_polls);
+  }
+  return Status::Ok();
+}
 
 Status Context::ChooseAllreduce() {
   const AllreduceAlgorithm algo = config.allreduce;
@@ -35,6 +80,8 @@ Status Context::ChooseAllreduce() {
     // several ranks each: hierarchical. One rank per node or uneven nodes:
     // the flat ring over MPI.
     use_node_memory = local_size > 1 && homogeneous;
+  } else if (algo == AllreduceAlgorithm::kRacks) {
+    use_node_memory = local_size > 1;  // LearnRacks refused uneven nodes
   }
   if (!use_node_memory) return Status::Ok();
   // Ranks grouped by DDL_LOCAL_SIZE must really share memory.
@@ -54,7 +101,9 @@ Status Context::ChooseAllreduce() {
   try {
     node_memory = ShmArena::Create(*local, std::to_string(token[0]) + "." +
                                                std::to_string(node_id[0]),
-                                   cross_size > 1 ? kCrossNodeChunkBytes : kNodeChunkBytes,
+                                   racks             ? kRackChunkBytes
+                                   : cross_size > 1  ? kCrossNodeChunkBytes
+                                                     : kNodeChunkBytes,
                                    kNodeSlots);
   } catch (const TransportError& e) {
     return Status::Internal(std::string(e.what()) + Where());
@@ -142,6 +191,8 @@ Status Context::Build(std::unique_ptr<Group> base) {
     }
     std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
     for (int64_t n : local_sizes) homogeneous &= (n == local_size);
+    Status s = LearnRacks();
+    if (!s.ok()) return s;
     return ChooseAllreduce();
   } catch (const TransportError& e) {
     return Status::Internal(std::string("setting up the groups of ranks failed: ") + e.what() +

@@ -11,6 +11,7 @@
 #include "../transport/shm_pool.h"
 #include "config.h"
 #include "timeline.h"
+#include "topology.h"
 #include "../common/types.h"
 
 namespace ddl {
@@ -33,6 +34,15 @@ struct Context {
   // operations a caller's thread makes (add_process_set) while the engine
   // thread uses `world`.
   std::unique_ptr<Group> setup;
+  // Racks, as the ranks agreed on them (topology.h).
+  Topology topology;
+  // With racks in use (DDL_ALLREDUCE=racks, or auto with several racks of
+  // equal size): this local rank's column of nodes as the rack allreduce's
+  // grid (algorithms/rack_allreduce.h): `rack_all` every node in rack-major
+  // order, `rack_row` the nodes of this rack, `rack_column` the nodes at
+  // this node's place in every rack. Null otherwise.
+  std::unique_ptr<Group> rack_all, rack_row, rack_column;
+  bool racks = false;
   // Shared memory of this node's ranks; null when allreduce runs flat.
   std::unique_ptr<ShmArena> node_memory;
   bool hierarchical = false;  // node_memory plus a cross-node step
@@ -60,6 +70,9 @@ struct Context {
   static Status AgreeOnConfig(Context* ctx, ControlPlane& world);
   // Applies DDL_ALLREDUCE to the topology; sets up node_memory if used.
   Status ChooseAllreduce();
+  // Learns the racks (every rank of `world` agrees) and, when they are
+  // used, splits the rack groups.
+  Status LearnRacks();
 };
 
 }  // namespace ddl
