@@ -216,6 +216,16 @@ Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* o
   }
   s = ctx->Build(std::move(world));
   if (!s.ok()) return s;
+  // ddlrun --verbose: what the ranks agreed on, once, from rank 0.
+  const char* print = std::getenv("DDL_PRINT_TOPOLOGY");
+  if (ctx->rank == 0 && print != nullptr && std::string(print) == "1") {
+    const char* algorithm = ctx->racks               ? "racks"
+                            : !ctx->node_memory      ? "flat"
+                            : ctx->hierarchical      ? "hierarchical"
+                                                     : "shared_memory";
+    std::fprintf(stderr, "[keras_ddl] topology: %s; %d rank(s) per node; allreduce: %s\n",
+                 ctx->topology.Describe().c_str(), ctx->local_size, algorithm);
+  }
   *out = std::move(ctx);
   return Status::Ok();
 }
