@@ -106,6 +106,23 @@ def test_topology_detection_and_agreement_on_threads_as_ranks(tmp_path):
     assert_no_failures(proc)
 
 
+def test_negotiation_cycle_operations_do_not_grow_with_ranks(tmp_path):
+    """2-32 ranks, 1 and 200 tensors: a cached cycle is one AND of a few
+    words and nothing else (log2(ranks) rounds on MPI); an uncached one adds
+    one gather (every rank's names reach rank 0) and one broadcast. The
+    same program prints the cost table up to 256 ranks (docs/topology.md)."""
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    exe = tmp_path / "cost"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-pthread", f"-I{OPS}", f"-I{CORE_TESTS}",
+                    os.path.join(CORE_TESTS, "negotiation_cost.cc"),
+                    *[os.path.join(OPS, s) for s in
+                      ["engine/controller.cc", "engine/coordinator.cc", "engine/message.cc",
+                       "engine/response_cache.cc", "common/types.cc"]],
+                    "-o", str(exe), "-lrt"], check=True, capture_output=True, text=True)
+    assert_no_failures(subprocess.run([str(exe), "--check"], capture_output=True, text=True,
+                                      timeout=120))
+
+
 def test_engine_thread_priority_as_proc_reports_it(tmp_path):
     """DDL_ENGINE_PRIORITY's effect on a thread: nice -10 with the privilege
     (run as root), a 100 us slice without it (after dropping root), nothing
