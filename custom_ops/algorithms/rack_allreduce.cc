@@ -195,46 +195,49 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   const ReduceOp sum_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   const int divisor = op == ReduceOp::kAverage ? nodes * racks : 0;
 
-  ScatterRound rack_scatter(rack, kTagRackScatter, elem, max_segment);     // A
-  ScatterRound across_scatter(across, kTagAcrossScatter, elem, max_sub);  // B
-  GatherRound across_gather(across, kTagAcrossGather, elem);              // C
-  GatherRound rack_gather(rack, kTagRackGather, elem);                    // D
-  // The parts each stage works on, kept from its Start to the next stage's.
-  std::vector<int64_t> segments_b, segments_c, segments_d;
-  std::vector<int64_t> subs_c;
+  // Two of each round, for pieces of even and odd index: a piece's round
+  // may still be in flight while the next piece's starts.
+  const int me = rack.rank();
+  ScatterRound rack_scatter[2] = {{rack, kTagRackScatter, elem, max_segment},
+                                  {rack, kTagRackScatter, elem, max_segment}};     // A
+  ScatterRound across_scatter[2] = {{across, kTagAcrossScatter, elem, max_sub},
+                                    {across, kTagAcrossScatter, elem, max_sub}};  // B
+  GatherRound across_gather[2] = {{across, kTagAcrossGather, elem},
+                                  {across, kTagAcrossGather, elem}};              // C
+  GatherRound rack_gather[2] = {{rack, kTagRackGather, elem}, {rack, kTagRackGather, elem}};  // D
+  // Piece p's segments in the rack and sub-segments across racks, from its
+  // A (or B) until its D (or C): at most four pieces apart.
+  std::vector<int64_t> segments[4], subs[4];
+  auto valid = [&](int64_t p) { return p >= 0 && p < pieces; };
 
-  // Step s: piece s enters A, and pieces s-1, s-2, s-3 move on to B, C, D;
-  // pieces + 3 steps drain the pipeline. Every rank starts all of a step's
-  // rounds before finishing any, so no wait can block on a message a peer
-  // has not yet posted.
-  for (int64_t s = 0; s < pieces + 3; ++s) {
-    const bool a = s < pieces;
-    const bool b = s >= 1 && s - 1 < pieces;
-    const bool c = s >= 2 && s - 2 < pieces;
-    const bool d = s >= 3 && s - 3 < pieces;
-    // Segments move along the stages: A's of step s-1 is B's now, and so on.
-    segments_d = segments_c;
-    segments_c = segments_b;
-    segments_b = rack_scatter.at();
-    if (a) {
+  // Step s starts piece s's A, and moves pieces s-1, s-2, s-3 on to B, C,
+  // D as soon as their previous round is finished; piece s-4's D finishes.
+  // Every wait of step s is for messages the peers posted in step s-1, so
+  // no rank can wait on one that is not posted, and each link always has
+  // the next piece queued behind the current one: the uplinks stay busy
+  // while the rack rounds of other pieces run. pieces + 4 steps drain it.
+  for (int64_t s = 0; s < pieces + 4; ++s) {
+    if (valid(s)) {
       const int64_t first = s * piece;
-      rack_scatter.Start(base, PartStarts(first, std::min(piece, count - first), nodes));
+      segments[s % 4] = PartStarts(first, std::min(piece, count - first), nodes);
+      rack_scatter[s % 2].Start(base, segments[s % 4]);
     }
-    if (b) {
-      const int me = rack.rank();
-      across_scatter.Start(base, PartStarts(segments_b[me], segments_b[me + 1] - segments_b[me],
-                                            racks));
+    if (const int64_t p = s - 1; valid(p)) {
+      rack_scatter[p % 2].Finish(dtype, sum_op, 0);
+      const std::vector<int64_t>& seg = segments[p % 4];
+      subs[p % 4] = PartStarts(seg[me], seg[me + 1] - seg[me], racks);
+      across_scatter[p % 2].Start(base, subs[p % 4]);
     }
-    if (c) across_gather.Start(base, subs_c);
-    if (d) rack_gather.Start(base, segments_d);
-
-    if (a) rack_scatter.Finish(dtype, sum_op, 0);
-    if (b) {
-      across_scatter.Finish(dtype, sum_op, divisor);
-      subs_c = across_scatter.at();  // C gathers these next step
+    if (const int64_t p = s - 2; valid(p)) {
+      // The sub-segment this rank owns is final here: divided once.
+      across_scatter[p % 2].Finish(dtype, sum_op, divisor);
+      across_gather[p % 2].Start(base, subs[p % 4]);
     }
-    if (c) across_gather.Finish();
-    if (d) rack_gather.Finish();
+    if (const int64_t p = s - 3; valid(p)) {
+      across_gather[p % 2].Finish();
+      rack_gather[p % 2].Start(base, segments[p % 4]);
+    }
+    if (const int64_t p = s - 4; valid(p)) rack_gather[p % 2].Finish();
   }
 }
 

@@ -19,10 +19,12 @@
 // as in any bandwidth-optimal allreduce; per rack, B + C move 2(R-1)/R of
 // the bytes over the uplink. A flat pairwise reduce-scatter over the K
 // nodes alone sends N(K-N)/K of them over each uplink (2 racks of 4:
-// twice the bytes, before its all-gather adds as much again). The stages of consecutive pieces run at once: in step i
-// piece i is in A, i-1 in B, i-2 in C and i-3 in D, so the node links and
-// the uplinks are busy together and a call takes about the slower of the
-// two, not their sum.
+// as many, before its all-gather adds more). The stages of consecutive
+// pieces run at once: in step i piece i enters A while pieces i-1, i-2 and
+// i-3 move on to B, C and D, and up to two pieces are in flight in each
+// stage, so the node links and the uplinks are busy together (each with
+// the next piece queued) and a call takes about the slower of the two,
+// not their sum.
 //
 // Summation order is fixed per element: the values of a rack in node
 // order, then the racks in rack order, ((r0 op r1) op r2) ..., each

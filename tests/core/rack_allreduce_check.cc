@@ -90,11 +90,11 @@ void Check(int racks, int nodes, int64_t count, ReduceOp op, size_t max_message,
                                  piece_bytes);
     }
     // Every message within the limit (the harness throws otherwise) and
-    // a bounded number in flight: on each group two rounds (A and D, or
-    // B and C) of a send and a receive per peer.
-    Expect(rack.max_outstanding() <= 4 * (nodes - 1) &&
-               across.max_outstanding() <= 4 * (racks - 1),
-           "rack allreduce keeps at most two rounds per group in flight");
+    // a bounded number in flight: on each group two pieces in each of
+    // its two rounds (A and D, or B and C), a send and a receive per peer.
+    Expect(rack.max_outstanding() <= 8 * (nodes - 1) &&
+               across.max_outstanding() <= 8 * (racks - 1),
+           "rack allreduce keeps at most two pieces per round in flight");
     Expect(rack.empty_messages() == 0 && across.empty_messages() == 0,
            "rack allreduce sends no empty messages");
   });
