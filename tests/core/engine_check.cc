@@ -402,6 +402,56 @@ void TakenWorksFailWhenACycleThrows() {
   }
 }
 
+// Ranks compare the settings that decide what goes on the wire: a
+// difference fails on every rank, naming the setting and each rank's value.
+void SharedSettingsAreCompared() {
+  using Change = std::function<void(int rank, Config*)>;
+  auto compare = [](int n, const Change& change) {
+    InProcessGroup group(n, 1 << 16);
+    std::vector<Status> out(n);
+    group.Run([&](int r) {
+      InProcessRank plane(group, r);
+      Config config;
+      change(r, &config);
+      out[r] = CompareSharedSettings(config, plane);
+    });
+    return out;
+  };
+  for (const Status& s : compare(3, [](int, Config* c) { c->fusion_threshold_mb = 1; })) {
+    Expect(s.ok(), "equal settings agree: " + s.message());
+  }
+  auto two = compare(2, [](int r, Config* c) { c->fusion_threshold_mb = r == 0 ? 1 : 64; });
+  for (int r = 0; r < 2; ++r) {
+    Expect(two[r].code() == Status::Code::kInvalidArgument &&
+               Contains(two[r].message(),
+                        "DDL_FUSION_THRESHOLD_MB differs between ranks: rank 0: 1, rank 1: 64") &&
+               Contains(two[r].message(), R(r)),
+           "2 ranks: the setting and both values" + R(r) + ": " + two[r].message());
+  }
+  auto three = compare(3, [](int r, Config* c) {
+    if (r == 2) {
+      c->cache_capacity = 7;
+      c->allreduce = AllreduceAlgorithm::kFlat;
+      c->local_size = 3;
+      c->shm_pool_mb = 0;
+    }
+    c->timeline_path = "/tmp/trace." + std::to_string(r);  // per rank by nature
+    c->engine_priority = r ? EnginePriority::kHigh : EnginePriority::kNormal;
+  });
+  for (int r = 0; r < 3; ++r) {
+    const std::string& m = three[r].message();
+    Expect(!three[r].ok(), "3 ranks, rank 2 differs: fails" + R(r));
+    for (const char* part : {"DDL_CACHE_CAPACITY differs between ranks: ranks 0-1: 1024, rank 2: 7",
+                             "DDL_ALLREDUCE differs between ranks: ranks 0-1: auto, rank 2: flat",
+                             "DDL_LOCAL_SIZE differs between ranks: ranks 0-1: unset, rank 2: 3",
+                             "DDL_SHM_POOL_MB differs between ranks: ranks 0-1: 1024, rank 2: 0"}) {
+      Expect(Contains(m, part), std::string("names ") + part + R(r) + ": " + m);
+    }
+    Expect(!Contains(m, "FUSION") && !Contains(m, "TIMELINE") && !Contains(m, "PRIORITY"),
+           "only the settings that differ and must agree are named" + R(r) + ": " + m);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -413,6 +463,7 @@ int main(int argc, char** argv) {
       {"sets", TwoProcessSetsFromOneThread},
       {"join", JoinWithStaggeredRanks},
       {"taken", TakenWorksFailWhenACycleThrows},
+      {"settings", SharedSettingsAreCompared},
       {"shutdown", ShutdownInTheMiddleOfACycle},
       {"stall", StallVerdict},
       {"silent", SilentRank},
