@@ -131,3 +131,20 @@ def test_engine_thread_priority_as_proc_reports_it(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith(" 0 failures") and int(proc.stdout.split()[0]) >= 6, \
         proc.stdout
+
+
+ENGINE = ["engine/config.cc", "engine/context.cc", "engine/controller.cc",
+          "engine/coordinator.cc", "engine/engine.cc", "engine/executor.cc", "engine/message.cc",
+          "engine/response_cache.cc", "engine/thread_priority.cc", "engine/timeline.cc",
+          "engine/topology.cc", "algorithms/alltoall.cc", "algorithms/node_allreduce.cc",
+          "algorithms/rack_allreduce.cc", "algorithms/shared_output_allreduce.cc", "transport/shm_arena.cc",
+          "transport/shm_pool.cc", "transport/node_segment.cc", *ALGORITHMS]
+
+
+def test_engine_on_threads_as_ranks(tmp_path):
+    """Whole Engines with threads as ranks: eager calls driving cycles while
+    other threads enqueue; two process sets from one thread, and a call into
+    one inside the other's cycle (only enqueued, owner kept); staggered
+    joins; works taken by a cycle that throws are failed; shutdown in the
+    middle of a cycle; the stall verdict; a silent rank (peer timeout)."""
+    assert_no_failures(build_and_run("engine_check.cc", ENGINE, tmp_path))

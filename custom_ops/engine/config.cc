@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace ddl {
@@ -29,7 +30,24 @@ Status ReadNumber(const char* var, double low, double high, const std::string& e
   return Status::Ok();
 }
 
+std::string Number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", value);
+  return text;
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> Config::SharedSettings() const {
+  const char* algorithms[] = {"auto", "flat", "hierarchical", "racks"};
+  return {
+      {"DDL_FUSION_THRESHOLD_MB", Number(fusion_threshold_mb)},
+      {"DDL_CACHE_CAPACITY", std::to_string(cache_capacity)},
+      {"DDL_ALLREDUCE", algorithms[static_cast<int>(allreduce)]},
+      {"DDL_LOCAL_SIZE", local_size > 0 ? std::to_string(local_size) : "unset"},
+      {"DDL_SHM_POOL_MB", Number(shm_pool_mb)},
+  };
+}
 
 Status Config::FromEnvironment(Config* c) {
   Status s;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../common/types.h"
 
@@ -32,6 +34,13 @@ struct Config {
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);
+
+  // The settings every rank must share, as (variable, effective value):
+  // those that change what goes on the wire or which group operations a
+  // node runs (fusion batches, cache slots, the allreduce path, node
+  // groups, the shared result pool). The others (timeline path, engine
+  // priority, spin polls, timeouts, cycle time) may differ per rank.
+  std::vector<std::pair<std::string, std::string>> SharedSettings() const;
 };
 
 }  // namespace ddl

@@ -29,6 +29,59 @@ std::string HostName() {
   if (gethostname(name, sizeof name - 1) != 0) return "?";
   return name;
 }
+
+// "0-2, 5": ranks for a message, runs of consecutive ranks shortened.
+std::string RankRanges(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (j > i) text += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+// Root's view of every rank's shared settings (values separated by '\0',
+// in SharedSettings' order): "" when they agree, else one clause per
+// setting that differs, naming each value and its ranks.
+std::string DescribeDifferences(const std::vector<std::string>& names,
+                                const std::vector<std::vector<char>>& per_rank) {
+  std::vector<std::vector<std::string>> values(per_rank.size());
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    std::string field;
+    for (char c : per_rank[r]) {
+      if (c != '\0') {
+        field += c;
+        continue;
+      }
+      values[r].push_back(field);
+      field.clear();
+    }
+    values[r].resize(names.size());
+  }
+  std::string problems;
+  for (size_t s = 0; s < names.size(); ++s) {
+    // Values in order of first appearance, each with the ranks holding it.
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    for (size_t r = 0; r < values.size(); ++r) {
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == values[r][s]; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {values[r][s], {}});
+      it->second.push_back(static_cast<int>(r));
+    }
+    if (groups.size() < 2) continue;
+    std::string clause = names[s] + " differs between ranks: ";
+    for (size_t g = 0; g < groups.size(); ++g) {
+      clause += (g ? ", " : "") + std::string(groups[g].second.size() > 1 ? "ranks " : "rank ") +
+                RankRanges(groups[g].second) + ": " + groups[g].first;
+    }
+    problems += (problems.empty() ? "" : "; ") + clause;
+  }
+  return problems;
+}
+
 }  // namespace
 
 Status Context::LearnRacks() {
@@ -63,6 +116,27 @@ Status Context::LearnRacks() {
     g->SetSpinPolls(config.spin_polls);
   }
   return Status::Ok();
+}
+
+Status CompareSharedSettings(const Config& mine, ControlPlane& world) {
+  const auto settings = mine.SharedSettings();
+  std::vector<std::string> names;
+  std::vector<char> values;
+  for (const auto& [name, value] : settings) {
+    names.push_back(name);
+    values.insert(values.end(), value.begin(), value.end());
+    values.push_back('\0');
+  }
+  // Rank 0 compares and tells everyone, so all ranks fail with one message.
+  const auto all = world.GatherBytes(values, 0);
+  std::string verdict = world.rank() == 0 ? DescribeDifferences(names, all) : "";
+  std::vector<char> message(verdict.begin(), verdict.end());
+  world.BroadcastBytes(message, 0);
+  if (message.empty()) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string(message.begin(), message.end()) +
+      ". Every rank must use the same value of these settings (they decide what goes on the "
+      "wire); set them identically in every rank's environment" + OnRank(world.WorldRank(world.rank())));
 }
 
 Status Context::ChooseAllreduce() {
@@ -129,7 +203,8 @@ Status Context::ChooseAllreduce() {
 
 // Every rank parses its environment, then all learn whether any rank failed,
 // so a bad value on one rank is an error everywhere instead of a hang in
-// the next collective. The lowest failing rank's message is reported.
+// the next collective. The lowest failing rank's message is reported. Then
+// the settings that must be equal are compared (CompareSharedSettings).
 Status Context::AgreeOnConfig(Context* ctx, ControlPlane& world) {
   Status mine = Config::FromEnvironment(&ctx->config);
   if (mine.ok() && ctx->rank == 0 && !ctx->config.timeline_path.empty()) {
@@ -144,12 +219,14 @@ Status Context::AgreeOnConfig(Context* ctx, ControlPlane& world) {
   const std::vector<int64_t> failed = world.AllgatherInt64(mine.ok() ? 0 : 1);
   const int first_failed =
       static_cast<int>(std::find(failed.begin(), failed.end(), 1) - failed.begin());
-  if (first_failed == ctx->size) return Status::Ok();
-  std::vector<char> message(mine.message().begin(), mine.message().end());
-  world.BroadcastBytes(message, first_failed);
-  return Status::InvalidArgument(std::string(message.begin(), message.end()) + " (on rank " +
-                                 std::to_string(first_failed) + "; reported by rank " +
-                                 std::to_string(ctx->rank) + ")");
+  if (first_failed < ctx->size) {
+    std::vector<char> message(mine.message().begin(), mine.message().end());
+    world.BroadcastBytes(message, first_failed);
+    return Status::InvalidArgument(std::string(message.begin(), message.end()) + " (on rank " +
+                                   std::to_string(first_failed) + "; reported by rank " +
+                                   std::to_string(ctx->rank) + ")");
+  }
+  return CompareSharedSettings(ctx->config, world);
 }
 
 std::string Context::Where() const {

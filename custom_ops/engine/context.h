@@ -16,6 +16,11 @@
 
 namespace ddl {
 
+// Collective over `world`: compares every rank's Config::SharedSettings.
+// A difference is InvalidArgument on every rank, naming each setting that
+// differs and each rank's value.
+Status CompareSharedSettings(const Config& mine, ControlPlane& world);
+
 struct Context {
   int rank = 0;  // in this context's group: the world, or a process set
   int size = 1;

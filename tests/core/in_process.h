@@ -37,6 +37,9 @@ class InProcessGroup {
   int size() const { return size_; }
   size_t max_message_bytes() const { return max_message_bytes_; }
   int WorldRank(int r) const { return world_ranks_.at(r); }
+  // Lets a receive take a shorter message, as MPI does (the engine's
+  // failure diagnosis receives a verdict of unknown length).
+  void AllowShortReceives() { allow_short_receives_ = true; }
 
   // The group made by split number `seq` of this group for `color`; the
   // first member to ask creates it, the others get the same one.
@@ -95,11 +98,13 @@ class InProcessGroup {
  private:
   void Take(const std::pair<Stream, int64_t>& key, void* data, size_t bytes) {
     std::vector<char>& m = mail_[key];
-    if (m.size() != bytes) {
+    // MPI accepts a message shorter than the receive; the algorithms'
+    // checks keep the sizes exact unless a test allows it.
+    if (m.size() != bytes && !(allow_short_receives_ && m.size() < bytes)) {
       throw TransportError("message of " + std::to_string(m.size()) + " bytes for a receive of " +
                            std::to_string(bytes));
     }
-    if (bytes) std::memcpy(data, m.data(), bytes);
+    if (!m.empty()) std::memcpy(data, m.data(), m.size());
     mail_.erase(key);
   }
   std::chrono::milliseconds Patience(double timeout_s) const {
@@ -159,6 +164,7 @@ class InProcessGroup {
   int arrived_count_ = 0;
   int64_t generation_ = 0;
   std::vector<int> world_ranks_;  // of each rank of this group
+  bool allow_short_receives_ = false;
   std::map<std::pair<int64_t, int>, std::shared_ptr<InProcessGroup>> children_;
 };
 
