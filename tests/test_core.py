@@ -14,6 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = os.path.join(REPO, "custom_ops")
 CORE_TESTS = os.path.join(REPO, "tests", "core")
 
+NEGOTIATION = ["negotiation/controller.cc", "negotiation/coordinator.cc",
+               "negotiation/message.cc", "negotiation/response_cache.cc"]
 ALGORITHMS = ["algorithms/allreduce.cc", "algorithms/pairwise.cc", "algorithms/ring.cc",
               "common/reduce_kernels.cc", "common/types.cc"]
 
@@ -71,8 +73,7 @@ def test_negotiation_on_threads_as_ranks(tmp_path):
     request refused on every rank in the same cycle, a tiny cache, a stall
     verdict naming the missing rank, shutdown seen by all."""
     proc = build_and_run("negotiation_check.cc",
-                         ["engine/controller.cc", "engine/coordinator.cc", "engine/message.cc",
-                          "engine/response_cache.cc", "common/types.cc"], tmp_path)
+                         [*NEGOTIATION, "common/types.cc"], tmp_path)
     assert_no_failures(proc)
 
 
@@ -95,9 +96,8 @@ def test_engine_thread_priority_as_proc_reports_it(tmp_path):
         proc.stdout
 
 
-ENGINE = ["engine/config.cc", "engine/context.cc", "engine/controller.cc",
-          "engine/coordinator.cc", "engine/engine.cc", "engine/executor.cc", "engine/message.cc",
-          "engine/response_cache.cc", "engine/thread_priority.cc", "engine/timeline.cc",
+ENGINE = ["common/config.cc", "engine/context.cc", *NEGOTIATION, "engine/engine.cc",
+          "engine/executor.cc", "engine/thread_priority.cc", "engine/timeline.cc",
           "algorithms/alltoall.cc", "algorithms/node_allreduce.cc",
           "algorithms/shared_output_allreduce.cc", "transport/shm_arena.cc",
           "transport/shm_pool.cc", "transport/node_segment.cc", *ALGORITHMS]
