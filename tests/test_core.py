@@ -14,6 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = os.path.join(REPO, "custom_ops")
 CORE_TESTS = os.path.join(REPO, "tests", "core")
 
+NEGOTIATION = ["negotiation/controller.cc", "negotiation/coordinator.cc",
+               "negotiation/message.cc", "negotiation/response_cache.cc"]
 ALGORITHMS = ["algorithms/allreduce.cc", "algorithms/pairwise.cc", "algorithms/ring.cc",
               "common/reduce_kernels.cc", "common/types.cc"]
 
@@ -71,8 +73,7 @@ def test_negotiation_on_threads_as_ranks(tmp_path):
     request refused on every rank in the same cycle, a tiny cache, a stall
     verdict naming the missing rank, shutdown seen by all."""
     proc = build_and_run("negotiation_check.cc",
-                         ["engine/controller.cc", "engine/coordinator.cc", "engine/message.cc",
-                          "engine/response_cache.cc", "common/types.cc"], tmp_path)
+                         [*NEGOTIATION, "common/types.cc"], tmp_path)
     assert_no_failures(proc)
 
 
@@ -116,8 +117,7 @@ def test_negotiation_cycle_operations_do_not_grow_with_ranks(tmp_path):
     subprocess.run([cxx, "-std=c++17", "-O2", "-pthread", f"-I{OPS}", f"-I{CORE_TESTS}",
                     os.path.join(CORE_TESTS, "negotiation_cost.cc"),
                     *[os.path.join(OPS, s) for s in
-                      ["engine/controller.cc", "engine/coordinator.cc", "engine/message.cc",
-                       "engine/response_cache.cc", "common/types.cc"]],
+                      [*NEGOTIATION, "common/types.cc"]],
                     "-o", str(exe), "-lrt"], check=True, capture_output=True, text=True)
     assert_no_failures(subprocess.run([str(exe), "--check"], capture_output=True, text=True,
                                       timeout=120))
@@ -133,11 +133,11 @@ def test_engine_thread_priority_as_proc_reports_it(tmp_path):
         proc.stdout
 
 
-ENGINE = ["engine/config.cc", "engine/context.cc", "engine/controller.cc",
-          "engine/coordinator.cc", "engine/engine.cc", "engine/executor.cc", "engine/message.cc",
-          "engine/response_cache.cc", "engine/thread_priority.cc", "engine/timeline.cc",
+ENGINE = ["common/config.cc", "engine/context.cc", *NEGOTIATION, "engine/engine.cc",
+          "engine/executor.cc", "engine/thread_priority.cc", "engine/timeline.cc",
           "engine/topology.cc", "algorithms/alltoall.cc", "algorithms/node_allreduce.cc",
-          "algorithms/rack_allreduce.cc", "algorithms/shared_output_allreduce.cc", "transport/shm_arena.cc",
+          "algorithms/rack_allreduce.cc", "algorithms/shared_output_allreduce.cc",
+          "transport/shm_arena.cc",
           "transport/shm_pool.cc", "transport/node_segment.cc", *ALGORITHMS]
 
 

@@ -5,17 +5,12 @@
 #include <vector>
 
 #include "../common/reduce_kernels.h"
+#include "../transport/tags.h"
 #include "ring.h"
 
 namespace ddl {
 
 namespace {
-
-constexpr int kTagRackScatter = 111;
-constexpr int kTagAcrossScatter = 112;
-constexpr int kTagAcrossGather = 113;
-constexpr int kTagRackGather = 114;
-constexpr int kTagRackExchange = 115;
 
 // n contiguous parts starting at element `first`: part p is elements
 // [at[p], at[p + 1]) of the buffer.

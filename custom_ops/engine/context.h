@@ -9,7 +9,7 @@
 #include "../transport/group.h"
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
-#include "config.h"
+#include "../common/config.h"
 #include "timeline.h"
 #include "topology.h"
 #include "../common/types.h"

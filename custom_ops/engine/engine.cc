@@ -6,14 +6,13 @@
 #include <cstdlib>
 #include <thread>
 
+#include "../transport/tags.h"
 #include "thread_priority.h"
 
 namespace ddl {
 
 namespace {
 
-constexpr int kProbeTag = 7001;
-constexpr int kVerdictTag = 7002;
 constexpr size_t kVerdictBytes = 4096;
 
 std::atomic<bool> peer_failure_seen{false};

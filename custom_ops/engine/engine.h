@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "context.h"
-#include "controller.h"
+#include "../negotiation/controller.h"
 #include "executor.h"
-#include "message.h"
+#include "../negotiation/message.h"
 #include "work.h"
 
 namespace ddl {

@@ -46,6 +46,7 @@ import threading
 
 from .agent import TOKEN_VARIABLE
 from .deathwatch import DeathWatch
+from . import settings
 
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
@@ -180,6 +181,15 @@ def topology_env(hosts, racks, source):
     return {"DDL_TOPOLOGY": value}
 
 
+def check_setting(option, variable, value):
+    """The range of `variable` in keras_ddl/settings.def, the table the core
+    reads too."""
+    if not settings.valid(variable, value):
+        s = settings.SETTINGS[variable]
+        bounds = f">= {s.low:g}" if s.high >= 1e9 else f"in [{s.low:g}, {s.high:g}]"
+        raise UsageError(f"{option} must be {bounds}, got {value}")
+
+
 def validate(args):
     if not args.command:
         raise UsageError("no command given: ddlrun -np N python train.py ...")
@@ -195,19 +205,17 @@ def validate(args):
             raise UsageError(f"script '{script}' does not exist")
     env = {}
     if args.fusion_threshold_mb is not None:
-        if not 0 <= args.fusion_threshold_mb <= 65536:
-            raise UsageError(f"--fusion-threshold-mb must be in [0, 65536], got {args.fusion_threshold_mb}")
+        check_setting("--fusion-threshold-mb", "DDL_FUSION_THRESHOLD_MB", args.fusion_threshold_mb)
         env["DDL_FUSION_THRESHOLD_MB"] = repr(args.fusion_threshold_mb)
     if args.cycle_time_ms is not None:
-        if not 0.01 <= args.cycle_time_ms <= 10000:
-            raise UsageError(f"--cycle-time-ms must be in [0.01, 10000], got {args.cycle_time_ms}")
+        check_setting("--cycle-time-ms", "DDL_CYCLE_TIME_MS", args.cycle_time_ms)
         env["DDL_CYCLE_TIME_MS"] = repr(args.cycle_time_ms)
     if args.hierarchical:
         env["DDL_ALLREDUCE"] = "hierarchical"
     elif args.flat:
         env["DDL_ALLREDUCE"] = "flat"
     if args.local_size is not None:
-        if args.local_size < 1 or args.np % args.local_size:
+        if not settings.valid("DDL_LOCAL_SIZE", args.local_size) or args.np % args.local_size:
             raise UsageError(f"--local-size {args.local_size} must be >= 1 and divide -np {args.np}")
         env["DDL_LOCAL_SIZE"] = str(args.local_size)
     if args.timeline:
@@ -216,8 +224,7 @@ def validate(args):
             raise UsageError(f"--timeline: directory {directory} does not exist")
         env["DDL_TIMELINE"] = os.path.abspath(args.timeline)
     if args.stall_timeout_s is not None:
-        if args.stall_timeout_s < 0:
-            raise UsageError(f"--stall-timeout-s must be >= 0, got {args.stall_timeout_s}")
+        check_setting("--stall-timeout-s", "DDL_STALL_TIMEOUT_S", args.stall_timeout_s)
         env["DDL_STALL_TIMEOUT_S"] = repr(args.stall_timeout_s)
     if args.bind_to_core:
         env["TF_NUM_INTRAOP_THREADS"] = "1"

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "check.h"
-#include "engine/controller.h"
+#include "negotiation/controller.h"
 #include "in_process.h"
 
 using namespace ddl;

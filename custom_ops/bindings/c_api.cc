@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../common/reduce_kernels.h"
-#include "runtime.h"
+#include "../engine/runtime.h"
 #include "../transport/mpi_world.h"
 
 namespace {

@@ -1,12 +1,14 @@
 // The DDL_* environment knobs, parsed and validated once at init. A bad
 // value is an error naming the variable and the value, never a silent default.
+// Each field's variable, range and scope are a row of keras_ddl/settings.def,
+// the table config.cc and the ddlrun launcher both read.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "../common/types.h"
+#include "types.h"
 
 namespace ddl {
 
