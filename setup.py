@@ -2,7 +2,7 @@
 
 - ``libddl_core.so``: the collective core (custom_ops/common, transport,
   algorithms, engine), plain C++17 over MPI.
-- ``ddl_tf_ops.so``: the TensorFlow ops (custom_ops/tf_ops.cc), linked to
+- ``ddl_tf_ops.so``: the TensorFlow ops (custom_ops/bindings/tf_ops.cc), linked to
   the core and compiled with the installed TensorFlow's flags.
 
 Both land next to the Python modules, with ``build_info.json`` recording
@@ -31,13 +31,18 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OPS_DIR = os.path.join(HERE, "custom_ops")
+# The core, layer by layer (custom_ops/README.md), and its C API binding.
 CORE_SOURCES = sorted(
     glob.glob(os.path.join(OPS_DIR, "common", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "transport", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "algorithms", "*.cc"))
-    + glob.glob(os.path.join(OPS_DIR, "engine", "*.cc")))
-TF_SOURCES = [os.path.join(OPS_DIR, "tf_ops.cc")]
-HEADERS = sorted(glob.glob(os.path.join(OPS_DIR, "**", "*.h"), recursive=True))
+    + glob.glob(os.path.join(OPS_DIR, "negotiation", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "engine", "*.cc"))
+    + [os.path.join(OPS_DIR, "bindings", "c_api.cc")])
+TF_SOURCES = [os.path.join(OPS_DIR, "bindings", "tf_ops.cc")]
+# The DDL_* settings table: compiled into the core, read by ddlrun at run time.
+SETTINGS_TABLE = os.path.join(HERE, "keras_ddl", "settings.def")
+HEADERS = sorted(glob.glob(os.path.join(OPS_DIR, "**", "*.h"), recursive=True)) + [SETTINGS_TABLE]
 
 
 def _fail(message):
@@ -110,20 +115,22 @@ class BuildCustomOps(build_ext):
 
         def compile_one(src, extra):
             obj = os.path.join(obj_dir, os.path.relpath(src, OPS_DIR).replace(os.sep, "_") + ".o")
-            _run(cxx + common + abi + extra + mpi_cflags + ["-c", src, "-o", obj])
+            _run(cxx + common + abi + extra + ["-c", src, "-o", obj])
             return obj
 
         jobs = int(os.environ.get("DDL_BUILD_JOBS", os.cpu_count() or 2))
         tf_extra = tf_cflags + ["-Wno-deprecated-declarations", "-O2"]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            core_objs = list(pool.map(lambda s: compile_one(s, []), CORE_SOURCES))
+            # Only the core sees MPI's headers (and only its transport/ uses
+            # them); the TensorFlow ops speak to the engine's interfaces.
+            core_objs = list(pool.map(lambda s: compile_one(s, mpi_cflags), CORE_SOURCES))
             tf_objs = list(pool.map(lambda s: compile_one(s, tf_extra), TF_SOURCES))
         core_lib = os.path.join(out_dir, "libddl_core.so")
         _run(cxx + common + ["-shared"] + core_objs + mpi_ldflags + ["-o", core_lib])
         ops_lib = os.path.join(out_dir, "ddl_tf_ops.so")
         _run(cxx + common + ["-shared"] + tf_objs
              + [f"-L{out_dir}", "-l:libddl_core.so", "-Wl,-rpath,$ORIGIN"]
-             + tf_ldflags + mpi_ldflags + ["-o", ops_lib])
+             + tf_ldflags + ["-o", ops_lib])
         with open(os.path.join(out_dir, "build_info.json"), "w") as f:
             json.dump({"tensorflow": tf_version, "mpi": mpi_desc, "compiler": " ".join(cxx),
                        "python": sys.version.split()[0]}, f, indent=2)
@@ -149,7 +156,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools"]),
-    py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
+    py_modules=["keras_ddl_launcher"],
+    package_data={"keras_ddl": ["settings.def"]},  # ddlrun's entry point: no TensorFlow import
     # The sources are compiled by BuildCustomOps; listed as dependencies so
     # a rebuild (pip install -e ., setup.py build_ext) sees what changed.
     ext_modules=[Extension("keras_ddl.ddl_tf_ops", sources=[],

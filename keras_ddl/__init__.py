@@ -62,7 +62,8 @@ if _installed is not None:
                    f"{_installed}", RuntimeWarning, stacklevel=2)
 
 from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initialized,
-                     local_rank, local_size, rank, shutdown, size, timeline_mark, traffic)
+                     local_rank, local_size, rank, shutdown, size, timeline_mark, topology,
+                     traffic)
 
 __version__ = "0.1.0"
 

@@ -160,8 +160,32 @@ def cross_size():
 
 def allreduce_algorithm():
     """How allreduce runs here: "flat" (ring over MPI), "shared_memory" (one
-    node), or "hierarchical" (shared memory in each node, MPI across)."""
-    return ("flat", "shared_memory", "hierarchical")[_query("ddl_allreduce_algorithm")]
+    node), "hierarchical" (shared memory in each node, MPI across), or
+    "racks" (shared memory in each node, then the rack allreduce: inside
+    each rack, across racks, back; docs/topology.md)."""
+    return ("flat", "shared_memory", "hierarchical", "racks")[_query("ddl_allreduce_algorithm")]
+
+
+def topology():
+    """The racks every rank agreed on at init (docs/topology.md), a dict:
+    ``racks`` (names, in order of their lowest rank; one "" without racks),
+    ``rack_of_rank`` and ``node_of_rank`` (indices, per rank),
+    ``nodes_per_rack`` (0 when racks differ in size), ``source``
+    ("DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR" or "" for none), ``used`` (the
+    rack allreduce runs) and ``description`` (one line, as ddlrun
+    --verbose prints it)."""
+    import json
+
+    if not is_initialized():
+        init()
+    lib = _load_core()
+    lib.ddl_topology.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    size_needed = lib.ddl_topology(None, 0)
+    if size_needed < 0:
+        raise RuntimeError("keras_ddl is not initialized")
+    buf = ctypes.create_string_buffer(size_needed + 1)
+    lib.ddl_topology(buf, len(buf))
+    return json.loads(buf.value.decode())
 
 
 def traffic():
@@ -169,15 +193,16 @@ def traffic():
     ``intra_node_bytes`` (through node shared memory), ``cross_node_bytes``
     (handed to the cross-node phase), ``flat_bytes`` (flat ring) and
     ``shared_output_bytes`` (allreduce results delivered straight into
-    node shared memory, see DDL_SHM_POOL_MB) and ``alltoall_bytes``
-    (sent to other ranks by ``alltoall``)."""
+    node shared memory, see DDL_SHM_POOL_MB), ``alltoall_bytes``
+    (sent to other ranks by ``alltoall``) and ``rack_bytes`` (allreduced
+    by the rack allreduce with one rank per node)."""
     if not is_initialized():
         init()
-    counters = (ctypes.c_uint64 * 5)()
+    counters = (ctypes.c_uint64 * 6)()
     if _core.ddl_traffic(counters) != 0:
         raise RuntimeError("keras_ddl is not initialized")
     return dict(zip(("intra_node_bytes", "cross_node_bytes", "flat_bytes",
-                     "shared_output_bytes", "alltoall_bytes"), counters))
+                     "shared_output_bytes", "alltoall_bytes", "rack_bytes"), counters))
 
 
 def timeline_mark(label):

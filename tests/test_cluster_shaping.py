@@ -2,6 +2,7 @@
 both ends of every link, and bad values are refused by name."""
 
 import subprocess
+import sys
 
 import pytest
 
@@ -39,3 +40,61 @@ def test_burst_reaches_both_ends_of_every_link():
             for shown in (outside, inside):
                 assert "tbf" in shown and "rate 100Mbit" in shown, shown
                 assert "burst 16Kb" in shown, shown
+
+
+def _send(cluster, src, dst, nbytes):
+    """nbytes over TCP from node src to node dst (0-based), inside their
+    namespaces."""
+    receiver = subprocess.Popen(
+        ["ip", "netns", "exec", cluster.namespaces[dst], sys.executable, "-c",
+         "import socket; s = socket.socket(); s.bind(('0.0.0.0', 5202)); s.listen(1); "
+         "print('ready', flush=True); c, _ = s.accept(); n = 0\n"
+         "while True:\n  b = c.recv(65536)\n  if not b: break\n  n += len(b)\n"
+         "print(n)"], stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline().strip() == "ready"
+    subprocess.run(["ip", "netns", "exec", cluster.namespaces[src], sys.executable, "-c",
+                    f"import socket; socket.create_connection(('{cluster.addresses[dst]}', 5202))"
+                    f".sendall(bytes({nbytes}))"], check=True)
+    assert int(receiver.communicate(timeout=30)[0]) == nbytes
+
+
+def test_racks_bridges_uplinks_and_slurm_topology():
+    """2 racks x 2 nodes: nodes of different racks reach each other only
+    through the uplinks (their counters grow by what crossed), each uplink
+    is shaped on both ends at its own rate, every node is told its place
+    as Slurm's tree topology would, and nothing is left after teardown."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+    with NetnsCluster(2, "200mbit", racks=2, uplink="50mbit") as cluster:
+        name = cluster.name
+        assert cluster.nodes == 4 and cluster.rack_of == [0, 0, 1, 1]
+        for rack_side, core_side in cluster.uplinks:
+            for dev in (rack_side, core_side):
+                shown = subprocess.run(["tc", "qdisc", "show", "dev", dev], capture_output=True,
+                                       text=True, check=True).stdout
+                assert "tbf" in shown and "rate 50Mbit" in shown, shown
+        for veth in cluster.host_veths:
+            shown = subprocess.run(["tc", "qdisc", "show", "dev", veth], capture_output=True,
+                                   text=True, check=True).stdout
+            assert "rate 200Mbit" in shown, shown
+        # node1 (rack 1) -> node3 (rack 2) crosses both uplinks; node1 ->
+        # node2 (same rack) crosses none.
+        before = cluster.uplink_bytes()
+        _send(cluster, 0, 2, 200_000)
+        middle = cluster.uplink_bytes()
+        _send(cluster, 0, 1, 200_000)
+        after = cluster.uplink_bytes()
+        assert middle[0][0] - before[0][0] >= 200_000 <= middle[1][1] - before[1][1], \
+            (before, middle)
+        assert after[0][0] - middle[0][0] < 20_000, (middle, after)  # ARP, ACKs at most
+        for i, host in enumerate(cluster.hosts):
+            out = subprocess.run([cluster.standin, host, "echo", "$(hostname)",
+                                  "$SLURM_TOPOLOGY_ADDR", "$SLURM_TOPOLOGY_ADDR_PATTERN"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            assert out == [host, f"core.rack{i // 2 + 1}.{host}", "switch.switch.node"], out
+        assert cluster.ddl_topology() == "rack1=node1,node2;rack2=node3,node4"
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert name not in links
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert name not in namespaces

@@ -12,3 +12,16 @@ from conftest import shared_launch
     "DDL_ENGINE_PRIORITY=max", "valid_after_fix", "engine_thread_priority"])
 def test_bad_value_fails_on_every_rank(name):
     shared_launch(3, "bad_config.py").check(name)
+
+
+DIFFERING = ["differs:DDL_FUSION_THRESHOLD_MB", "differs:DDL_CACHE_CAPACITY",
+             "differs:DDL_ALLREDUCE", "differs:DDL_LOCAL_SIZE", "differs:DDL_SHM_POOL_MB",
+             "per_rank_settings_may_differ"]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", DIFFERING)
+def test_settings_that_differ_between_ranks_fail_on_every_rank(name, ranks):
+    """Only the last rank's value differs (rank 1 of 2, rank 2 of 3): every
+    rank fails at init naming the setting and each rank's value."""
+    shared_launch(ranks, "differing_config.py").check(name)

@@ -14,6 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = os.path.join(REPO, "custom_ops")
 CORE_TESTS = os.path.join(REPO, "tests", "core")
 
+NEGOTIATION = ["negotiation/controller.cc", "negotiation/coordinator.cc",
+               "negotiation/message.cc", "negotiation/response_cache.cc"]
 ALGORITHMS = ["algorithms/allreduce.cc", "algorithms/pairwise.cc", "algorithms/ring.cc",
               "common/reduce_kernels.cc", "common/types.cc"]
 
@@ -71,18 +73,54 @@ def test_negotiation_on_threads_as_ranks(tmp_path):
     request refused on every rank in the same cycle, a tiny cache, a stall
     verdict naming the missing rank, shutdown seen by all."""
     proc = build_and_run("negotiation_check.cc",
-                         ["engine/controller.cc", "engine/coordinator.cc", "engine/message.cc",
-                          "engine/response_cache.cc", "common/types.cc"], tmp_path)
+                         [*NEGOTIATION, "common/types.cc"], tmp_path)
     assert_no_failures(proc)
 
 
 def test_node_shared_memory_allreduce_on_threads_as_ranks(tmp_path):
     """1-3 nodes x 1-3 local ranks through real shared memory: fused odd
-    tensors, one-page slots, node-then-cross summation order."""
+    tensors, one-page slots, node-then-cross summation order; and 1-3
+    racks x 1-3 nodes x 1-2 local ranks with the rack allreduce as the
+    cross step (local ranks, then nodes, then racks in order)."""
     proc = build_and_run("node_allreduce_check.cc",
-                         ["algorithms/node_allreduce.cc", "transport/shm_arena.cc",
-                          "transport/node_segment.cc", *ALGORITHMS], tmp_path)
+                         ["algorithms/node_allreduce.cc", "algorithms/rack_allreduce.cc",
+                          "transport/shm_arena.cc", "transport/node_segment.cc", *ALGORITHMS],
+                         tmp_path)
     assert_no_failures(proc)
+
+
+def test_rack_allreduce_on_threads_as_ranks(tmp_path):
+    """1-3 racks x 1-3 nodes, odd lengths, pieces and messages of a few
+    bytes up (a pipeline of many steps) to one piece: every rank's bits
+    are each rack's nodes in node order, then the racks in rack order."""
+    proc = build_and_run("rack_allreduce_check.cc",
+                         ["algorithms/rack_allreduce.cc", *ALGORITHMS], tmp_path)
+    assert_no_failures(proc)
+
+
+def test_topology_detection_and_agreement_on_threads_as_ranks(tmp_path):
+    """DDL_TOPOLOGY and SLURM_TOPOLOGY_ADDR read from a given environment
+    (malformed values named); 4-8 ranks agree on racks and nodes, or every
+    rank gets the same error naming the ranks and what each saw."""
+    proc = build_and_run("topology_check.cc", ["engine/topology.cc", "common/types.cc"],
+                         tmp_path)
+    assert_no_failures(proc)
+
+
+def test_negotiation_cycle_operations_do_not_grow_with_ranks(tmp_path):
+    """2-32 ranks, 1 and 200 tensors: a cached cycle is one AND of a few
+    words and nothing else (log2(ranks) rounds on MPI); an uncached one adds
+    one gather (every rank's names reach rank 0) and one broadcast. The
+    same program prints the cost table up to 256 ranks (docs/topology.md)."""
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    exe = tmp_path / "cost"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-pthread", f"-I{OPS}", f"-I{CORE_TESTS}",
+                    os.path.join(CORE_TESTS, "negotiation_cost.cc"),
+                    *[os.path.join(OPS, s) for s in
+                      [*NEGOTIATION, "common/types.cc"]],
+                    "-o", str(exe), "-lrt"], check=True, capture_output=True, text=True)
+    assert_no_failures(subprocess.run([str(exe), "--check"], capture_output=True, text=True,
+                                      timeout=120))
 
 
 def test_engine_thread_priority_as_proc_reports_it(tmp_path):
@@ -93,3 +131,20 @@ def test_engine_thread_priority_as_proc_reports_it(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith(" 0 failures") and int(proc.stdout.split()[0]) >= 6, \
         proc.stdout
+
+
+ENGINE = ["common/config.cc", "engine/context.cc", *NEGOTIATION, "engine/engine.cc",
+          "engine/executor.cc", "engine/thread_priority.cc", "engine/timeline.cc",
+          "engine/topology.cc", "algorithms/alltoall.cc", "algorithms/node_allreduce.cc",
+          "algorithms/rack_allreduce.cc", "algorithms/shared_output_allreduce.cc",
+          "transport/shm_arena.cc",
+          "transport/shm_pool.cc", "transport/node_segment.cc", *ALGORITHMS]
+
+
+def test_engine_on_threads_as_ranks(tmp_path):
+    """Whole Engines with threads as ranks: eager calls driving cycles while
+    other threads enqueue; two process sets from one thread, and a call into
+    one inside the other's cycle (only enqueued, owner kept); staggered
+    joins; works taken by a cycle that throws are failed; shutdown in the
+    middle of a cycle; the stall verdict; a silent rank (peer timeout)."""
+    assert_no_failures(build_and_run("engine_check.cc", ENGINE, tmp_path))

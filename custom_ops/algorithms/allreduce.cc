@@ -5,12 +5,12 @@
 
 #include "../common/reduce_kernels.h"
 #include "pairwise.h"
+#include "../transport/tags.h"
 
 namespace ddl {
 
 namespace {
 
-constexpr int kTagDirect = 104;
 
 // Up to this many bytes sent per rank, one round of messages beats the
 // pairwise reduce-scatter and ring all-gather (ranks rounds): over TCP a

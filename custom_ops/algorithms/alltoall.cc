@@ -4,12 +4,12 @@
 #include <cstring>
 #include <deque>
 
+#include "../transport/tags.h"
+
 namespace ddl {
 
 namespace {
 
-constexpr int kTagCounts = 105;
-constexpr int kTagAlltoall = 106;
 
 // Bytes per message: big enough that per-message overhead is small, small
 // enough that one chunk crosses a slow link well within the peer timeout.

@@ -21,7 +21,7 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
   const int me = arena_.rank();
   const int slots = arena_.slots_per_rank();
   const int64_t chunk_elems = static_cast<int64_t>(arena_.slot_bytes() / elem);
-  const bool across = cross_ != nullptr && cross_->size() > 1;
+  const bool across = racks_ ? grid_.all->size() > 1 : cross_ != nullptr && cross_->size() > 1;
   // Across nodes the slice is summed first and divided once at the end.
   const ReduceOp cross_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
 
@@ -78,7 +78,14 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
         sent = wire_slice_.data();
         Convert(sent, wire, mine, dtype, slice[me]);
       }
-      ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, sent, slice[me], wire, cross_op);
+      if (racks_) {
+        // Pieces of an eighth of the slice keep the schedule's four stages
+        // overlapped within this chunk.
+        const size_t piece = std::clamp<size_t>(wire_bytes / 8, 64 << 10, kRackPieceBytes);
+        RackGridAllreduce(grid_, sent, slice[me], wire, cross_op, piece);
+      } else {
+        ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, sent, slice[me], wire, cross_op);
+      }
       if (wire != dtype) Convert(mine, dtype, sent, wire, slice[me]);
       traffic_.cross_node_bytes += wire_bytes;
     }

@@ -16,6 +16,7 @@
 #include "../common/types.h"
 #include "../transport/shm_arena.h"
 #include "../transport/transport.h"
+#include "rack_allreduce.h"
 #include "span_walker.h"
 
 namespace ddl {
@@ -62,12 +63,19 @@ class NodeAllreduce {
   // receives the time spent per phase. With `into`, the owner of each
   // slice writes it there, once for the node, and nobody copies results
   // out; the call returns when the whole result is there.
+  // With racks, the cross-node step runs over `grid` (this local rank's
+  // column of nodes seen as racks, rack_allreduce.h) instead of `cross`;
+  // the grid's transports must outlive this object.
+  void UseRacks(const RackGrid& grid) { grid_ = grid; racks_ = true; }
+
   void Run(const std::vector<Span>& spans, DataType dtype, DataType wire, ReduceOp op,
            NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr);
 
  private:
   ShmArena& arena_;
   Transport* cross_;
+  RackGrid grid_{};
+  bool racks_ = false;
   int world_size_;
   TrafficCounters& traffic_;
   uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls

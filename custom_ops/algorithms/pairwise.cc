@@ -5,12 +5,12 @@
 
 #include "../common/reduce_kernels.h"
 #include "ring.h"
+#include "../transport/tags.h"
 
 namespace ddl {
 
 namespace {
 
-constexpr int kTagPairwise = 103;
 
 // Chunks in flight per peer. Over a network a message only moves once its
 // receive is posted, so a deep window keeps the link busy across the

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "../common/reduce_kernels.h"
+#include "../transport/tags.h"
 
 namespace ddl {
 
@@ -17,8 +18,6 @@ constexpr size_t kPipelineChunkBytes = 256 * 1024;
 // about half the runs); 512 KB messages, all posted at once, keep both
 // directions busy.
 constexpr size_t kAllgatherMessageBytes = 512 * 1024;
-constexpr int kTagReduceScatter = 101;
-constexpr int kTagAllgather = 102;
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 

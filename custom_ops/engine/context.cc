@@ -1,10 +1,10 @@
 #include "context.h"
 
-#include <mpi.h>
-
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -19,7 +19,125 @@ namespace {
 constexpr size_t kNodeChunkBytes = 256 * 1024;
 constexpr size_t kCrossNodeChunkBytes = 1024 * 1024;
 constexpr int kNodeSlots = 4;
+// With racks each chunk's slices go through the rack allreduce's pipeline
+// (pieces of an eighth of a slice): larger chunks keep its fill and drain
+// a small part of each.
+constexpr size_t kRackChunkBytes = 4 * 1024 * 1024;
+
+std::string HostName() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+// "0-2, 5": ranks for a message, runs of consecutive ranks shortened.
+std::string RankRanges(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (j > i) text += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+// Root's view of every rank's shared settings (values separated by '\0',
+// in SharedSettings' order): "" when they agree, else one clause per
+// setting that differs, naming each value and its ranks.
+std::string DescribeDifferences(const std::vector<std::string>& names,
+                                const std::vector<std::vector<char>>& per_rank) {
+  std::vector<std::vector<std::string>> values(per_rank.size());
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    std::string field;
+    for (char c : per_rank[r]) {
+      if (c != '\0') {
+        field += c;
+        continue;
+      }
+      values[r].push_back(field);
+      field.clear();
+    }
+    values[r].resize(names.size());
+  }
+  std::string problems;
+  for (size_t s = 0; s < names.size(); ++s) {
+    // Values in order of first appearance, each with the ranks holding it.
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    for (size_t r = 0; r < values.size(); ++r) {
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == values[r][s]; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {values[r][s], {}});
+      it->second.push_back(static_cast<int>(r));
+    }
+    if (groups.size() < 2) continue;
+    std::string clause = names[s] + " differs between ranks: ";
+    for (size_t g = 0; g < groups.size(); ++g) {
+      clause += (g ? ", " : "") + std::string(groups[g].second.size() > 1 ? "ranks " : "rank ") +
+                RankRanges(groups[g].second) + ": " + groups[g].first;
+    }
+    problems += (problems.empty() ? "" : "; ") + clause;
+  }
+  return problems;
+}
+
 }  // namespace
+
+Status Context::LearnRacks() {
+  // The node's id: the job-wide rank of its local rank 0.
+  const int64_t node_id = local->AllgatherInt64(world_rank)[0];
+  const RackPlace mine = DetectRack([](const char* n) { return std::getenv(n); }, HostName());
+  Status s = AgreeOnTopology(*world, mine, node_id, &topology);
+  if (!s.ok()) return Status::InvalidArgument(s.message() + Where());
+  const int num_racks = topology.num_racks();
+  const bool even = topology.nodes_per_rack > 0 && homogeneous;
+  if (config.allreduce == AllreduceAlgorithm::kRacks && !even) {
+    return Status::InvalidArgument(
+        "DDL_ALLREDUCE=racks needs as many nodes in every rack and as many ranks on every node; "
+        "the job has " + topology.Describe() + (homogeneous ? "" : ", with uneven nodes") +
+        "; use DDL_ALLREDUCE=auto" + Where());
+  }
+  racks = even && num_racks > 1 &&
+          (config.allreduce == AllreduceAlgorithm::kRacks ||
+           config.allreduce == AllreduceAlgorithm::kAuto);
+  // Every rank reached the same `racks` from the same topology.
+  if (!racks) return Status::Ok();
+  const int my_node = topology.node_of_rank[rank];
+  const int my_rack = topology.rack_of_rank[rank];
+  int place = 0;  // this node's index among its rack's nodes
+  for (int n = 0; n < my_node; ++n) place += topology.rack_of_node[n] == my_rack;
+  const int nodes = topology.nodes_per_rack;
+  rack_all = world->Split(local_rank, my_rack * static_cast<int>(topology.rack_of_node.size()) + my_node);
+  rack_row = world->Split(local_rank * num_racks + my_rack, place);
+  rack_column = world->Split(local_rank * nodes + place, my_rack);
+  for (Group* g : {rack_all.get(), rack_row.get(), rack_column.get()}) {
+    g->SetPeerTimeout(config.peer_timeout_s);
+    g->SetSpinPolls(config.spin_polls);
+  }
+  return Status::Ok();
+}
+
+Status CompareSharedSettings(const Config& mine, ControlPlane& world) {
+  const auto settings = mine.SharedSettings();
+  std::vector<std::string> names;
+  std::vector<char> values;
+  for (const auto& [name, value] : settings) {
+    names.push_back(name);
+    values.insert(values.end(), value.begin(), value.end());
+    values.push_back('\0');
+  }
+  // Rank 0 compares and tells everyone, so all ranks fail with one message.
+  const auto all = world.GatherBytes(values, 0);
+  std::string verdict = world.rank() == 0 ? DescribeDifferences(names, all) : "";
+  std::vector<char> message(verdict.begin(), verdict.end());
+  world.BroadcastBytes(message, 0);
+  if (message.empty()) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string(message.begin(), message.end()) +
+      ". Every rank must use the same value of these settings (they decide what goes on the "
+      "wire); set them identically in every rank's environment" + OnRank(world.WorldRank(world.rank())));
+}
 
 Status Context::ChooseAllreduce() {
   const AllreduceAlgorithm algo = config.allreduce;
@@ -36,15 +154,12 @@ Status Context::ChooseAllreduce() {
     // several ranks each: hierarchical. One rank per node or uneven nodes:
     // the flat ring over MPI.
     use_node_memory = local_size > 1 && homogeneous;
+  } else if (algo == AllreduceAlgorithm::kRacks) {
+    use_node_memory = local_size > 1;  // LearnRacks refused uneven nodes
   }
   if (!use_node_memory) return Status::Ok();
   // Ranks grouped by DDL_LOCAL_SIZE must really share memory.
-  MPI_Comm machine;
-  MPI_Comm_split_type(local->comm(), MPI_COMM_TYPE_SHARED, local_rank, MPI_INFO_NULL, &machine);
-  int machine_size = 0;
-  MPI_Comm_size(machine, &machine_size);
-  MPI_Comm_free(&machine);
-  if (machine_size != local_size) {
+  if (local->SplitByMachine(local_rank)->size() != local_size) {
     return Status::InvalidArgument(
         "the ranks of a node (DDL_LOCAL_SIZE=" + std::to_string(local_size) +
         ") do not all share memory on one machine; use a DDL_LOCAL_SIZE that divides the ranks "
@@ -60,7 +175,9 @@ Status Context::ChooseAllreduce() {
   try {
     node_memory = ShmArena::Create(*local, std::to_string(token[0]) + "." +
                                                std::to_string(node_id[0]),
-                                   cross_size > 1 ? kCrossNodeChunkBytes : kNodeChunkBytes,
+                                   racks             ? kRackChunkBytes
+                                   : cross_size > 1  ? kCrossNodeChunkBytes
+                                                     : kNodeChunkBytes,
                                    kNodeSlots);
   } catch (const TransportError& e) {
     return Status::Internal(std::string(e.what()) + Where());
@@ -86,8 +203,9 @@ Status Context::ChooseAllreduce() {
 
 // Every rank parses its environment, then all learn whether any rank failed,
 // so a bad value on one rank is an error everywhere instead of a hang in
-// the next collective. The lowest failing rank's message is reported.
-Status Context::AgreeOnConfig(Context* ctx) {
+// the next collective. The lowest failing rank's message is reported. Then
+// the settings that must be equal are compared (CompareSharedSettings).
+Status Context::AgreeOnConfig(Context* ctx, ControlPlane& world) {
   Status mine = Config::FromEnvironment(&ctx->config);
   if (mine.ok() && ctx->rank == 0 && !ctx->config.timeline_path.empty()) {
     ctx->timeline = Timeline::Open(ctx->config.timeline_path, &mine);
@@ -98,18 +216,17 @@ Status Context::AgreeOnConfig(Context* ctx) {
         " does not divide the world size " + std::to_string(ctx->size) +
         "; virtual nodes must all have the same number of ranks");
   }
-  int failed_rank = mine.ok() ? ctx->size : ctx->rank;
-  int first_failed = ctx->size;
-  MPI_Allreduce(&failed_rank, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first_failed == ctx->size) return Status::Ok();
-  std::vector<char> message(mine.message().begin(), mine.message().end());
-  int length = static_cast<int>(message.size());
-  MPI_Bcast(&length, 1, MPI_INT, first_failed, MPI_COMM_WORLD);
-  message.resize(length);
-  MPI_Bcast(message.data(), length, MPI_CHAR, first_failed, MPI_COMM_WORLD);
-  return Status::InvalidArgument(std::string(message.begin(), message.end()) + " (on rank " +
-                                 std::to_string(first_failed) + "; reported by rank " +
-                                 std::to_string(ctx->rank) + ")");
+  const std::vector<int64_t> failed = world.AllgatherInt64(mine.ok() ? 0 : 1);
+  const int first_failed =
+      static_cast<int>(std::find(failed.begin(), failed.end(), 1) - failed.begin());
+  if (first_failed < ctx->size) {
+    std::vector<char> message(mine.message().begin(), mine.message().end());
+    world.BroadcastBytes(message, first_failed);
+    return Status::InvalidArgument(std::string(message.begin(), message.end()) + " (on rank " +
+                                   std::to_string(first_failed) + "; reported by rank " +
+                                   std::to_string(ctx->rank) + ")");
+  }
+  return CompareSharedSettings(ctx->config, world);
 }
 
 std::string Context::Where() const {
@@ -118,83 +235,74 @@ std::string Context::Where() const {
          ")";
 }
 
-Status Context::CreateForGroup(MPI_Comm group, int process_set, const Config& config,
-                               std::unique_ptr<Context>* out) {
+Status Context::CreateForGroup(std::unique_ptr<Group> group, int process_set,
+                               const Config& config, std::unique_ptr<Context>* out) {
   auto ctx = std::make_unique<Context>();
-  MPI_Comm_rank(MPI_COMM_WORLD, &ctx->world_rank);
-  MPI_Comm_rank(group, &ctx->rank);
-  MPI_Comm_size(group, &ctx->size);
+  ctx->rank = group->rank();
+  ctx->size = group->size();
+  ctx->world_rank = group->WorldRank(ctx->rank);
   ctx->process_set = process_set;
   ctx->config = config;
   ctx->config.timeline_path.clear();  // the global context's timeline only
-  Status s = ctx->Build(group);
+  Status s = ctx->Build(std::move(group));
   if (!s.ok()) return s;
   *out = std::move(ctx);
   return Status::Ok();
 }
 
-Status Context::Build(MPI_Comm base) {
-  world = std::make_unique<MpiTransport>(base);
-
-  // Nodes are cut by world rank, so a process set's node groups are the
-  // job's nodes restricted to the set.
-  MPI_Comm local_comm;
-  if (config.local_size > 0) {
-    MPI_Comm_split(base, world_rank / config.local_size, rank, &local_comm);
-  } else {
-    MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local_comm);
+Status Context::Build(std::unique_ptr<Group> base) {
+  world = std::move(base);
+  try {
+    // Nodes are cut by world rank, so a process set's node groups are the
+    // job's nodes restricted to the set.
+    local = config.local_size > 0 ? world->Split(world_rank / config.local_size, rank)
+                                  : world->SplitByMachine(rank);
+    local_rank = local->rank();
+    local_size = local->size();
+    cross = world->Split(local_rank, rank);
+    cross_rank = cross->rank();
+    cross_size = cross->size();
+    for (Group* g : {world.get(), local.get(), cross.get()}) {
+      g->SetPeerTimeout(config.peer_timeout_s);
+      g->SetSpinPolls(config.spin_polls);
+    }
+    std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
+    for (int64_t n : local_sizes) homogeneous &= (n == local_size);
+    Status s = LearnRacks();
+    if (!s.ok()) return s;
+    return ChooseAllreduce();
+  } catch (const TransportError& e) {
+    return Status::Internal(std::string("setting up the groups of ranks failed: ") + e.what() +
+                            Where());
   }
-  local = std::make_unique<MpiTransport>(local_comm);
-  local_rank = local->rank();
-  local_size = local->size();
-
-  MPI_Comm cross_comm;
-  MPI_Comm_split(base, local_rank, rank, &cross_comm);
-  cross = std::make_unique<MpiTransport>(cross_comm);
-  cross_rank = cross->rank();
-  cross_size = cross->size();
-
-  for (MpiTransport* t : {world.get(), local.get(), cross.get()}) {
-    t->SetPeerTimeout(config.peer_timeout_s);
-    t->SetSpinPolls(config.spin_polls);
-  }
-  std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
-  for (int64_t n : local_sizes) homogeneous &= (n == local_size);
-  return ChooseAllreduce();
 }
 
-Status Context::Create(std::unique_ptr<Context>* out) {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (finalized) {
-    return Status::FailedPrecondition("MPI has already been finalized in this process");
-  }
-  int provided = 0;
-  if (!initialized) {
-    int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    if (code != MPI_SUCCESS) return Status::Internal("MPI_Init_thread failed: " + MpiErrorString(code));
-  } else {
-    MPI_Query_thread(&provided);
-  }
+Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* out) {
   auto ctx = std::make_unique<Context>();
-  MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &ctx->size);
-  if (provided < MPI_THREAD_MULTIPLE) {
-    return Status::FailedPrecondition(
-        "MPI was initialised with thread level " + std::to_string(provided) +
-        " but keras_ddl needs MPI_THREAD_MULTIPLE; initialise MPI through keras_ddl.init() "
-        "or mpi4py's default thread level" + OnRank(ctx->rank));
+  ctx->rank = world->rank();
+  ctx->size = world->size();
+  ctx->world_rank = world->WorldRank(ctx->rank);
+  Status s;
+  try {
+    s = AgreeOnConfig(ctx.get(), *world);
+    if (!s.ok()) return s;
+    ctx->setup = world->Split(0, ctx->rank);
+  } catch (const TransportError& e) {
+    return Status::Internal(std::string("setting up the world group failed: ") + e.what() +
+                            ctx->Where());
   }
-  ctx->world_rank = ctx->rank;
-  Status s = AgreeOnConfig(ctx.get());
+  s = ctx->Build(std::move(world));
   if (!s.ok()) return s;
-  // Every collective call of the background thread goes through its own
-  // duplicate, so user traffic on MPI_COMM_WORLD can never match ours.
-  MPI_Comm world;
-  MPI_Comm_dup(MPI_COMM_WORLD, &world);
-  s = ctx->Build(world);
-  if (!s.ok()) return s;
+  // ddlrun --verbose: what the ranks agreed on, once, from rank 0.
+  const char* print = std::getenv("DDL_PRINT_TOPOLOGY");
+  if (ctx->rank == 0 && print != nullptr && std::string(print) == "1") {
+    const char* algorithm = ctx->racks               ? "racks"
+                            : !ctx->node_memory      ? "flat"
+                            : ctx->hierarchical      ? "hierarchical"
+                                                     : "shared_memory";
+    std::fprintf(stderr, "[keras_ddl] topology: %s; %d rank(s) per node; allreduce: %s\n",
+                 ctx->topology.Describe().c_str(), ctx->local_size, algorithm);
+  }
   *out = std::move(ctx);
   return Status::Ok();
 }

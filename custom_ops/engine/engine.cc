@@ -6,20 +6,32 @@
 #include <cstdlib>
 #include <thread>
 
+#include "../transport/tags.h"
 #include "thread_priority.h"
 
 namespace ddl {
 
 namespace {
 
-constexpr int kProbeTag = 7001;
-constexpr int kVerdictTag = 7002;
 constexpr size_t kVerdictBytes = 4096;
 
 std::atomic<bool> peer_failure_seen{false};
 
 // The engine whose cycle this thread is running, if any.
 thread_local const Engine* cycle_owner = nullptr;
+
+// Makes `engine` this thread's cycle owner for a scope, then puts back the
+// one before (not null: a scope may end inside another engine's cycle).
+class CycleOwnerScope {
+ public:
+  explicit CycleOwnerScope(const Engine* engine) : previous_(cycle_owner) { cycle_owner = engine; }
+  ~CycleOwnerScope() { cycle_owner = previous_; }
+  CycleOwnerScope(const CycleOwnerScope&) = delete;
+  CycleOwnerScope& operator=(const CycleOwnerScope&) = delete;
+
+ private:
+  const Engine* previous_;
+};
 
 // Checks an alltoall's splits against its rows and the world size, filling
 // in the even split when none was given. Returns why they do not fit (""
@@ -71,7 +83,7 @@ void Engine::AbortOnDataPathFailure(const std::exception& e) {
   std::vector<int> peers;
   if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) peers = timeout->unreachable();
   if (peers.empty()) {
-    for (const MpiTransport* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
+    for (const Group* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
       for (int p : t->PendingPeers()) {
         if (std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
       }
@@ -103,7 +115,7 @@ void Engine::AbortOnDataPathFailure(const std::exception& e) {
 }
 
 std::string Engine::DiagnoseSilentPeers() {
-  MpiTransport& world = *ctx_->world;
+  Group& world = *ctx_->world;
   const double timeout = ctx_->config.peer_timeout_s;
   // Live ranks time out within milliseconds of each other (they all sat in
   // the same negotiation), so a few seconds is plenty to hear from them.
@@ -197,11 +209,15 @@ void Engine::Enqueue(std::vector<Work> works) {
   for (auto& [w, reason] : rejected) Finish(w, reason);
 }
 
+bool Engine::OnCycleThread() const { return cycle_owner == this; }
+
 void Engine::EnqueueAndDrive(std::vector<Work> works) {
   // A kernel run inline by a done callback inside a cycle is on the thread
-  // that holds the cycle: it can only queue (try_lock on a mutex this
-  // thread owns would be undefined).
-  if (cycle_owner == this) {
+  // that holds the cycle: it can only queue. For this engine's own cycle,
+  // try_lock on a mutex this thread owns would be undefined; for another
+  // engine's (another process set), driving here would hold that cycle
+  // until this engine's ranks meet, and their own cycles may wait for it.
+  if (cycle_owner != nullptr) {
     Enqueue(std::move(works));
     return;
   }
@@ -236,7 +252,7 @@ void Engine::EnqueueAndDrive(std::vector<Work> works) {
   }
   for (auto& [w, reason] : Queue(std::move(works))) Finish(w, reason);
   cycle_on_caller_ = true;
-  cycle_owner = this;
+  CycleOwnerScope owner(this);
   const auto cycle_time = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double, std::milli>(ctx_->config.cycle_time_ms));
   while (*running > 0 && !stopped_) {
@@ -254,7 +270,6 @@ void Engine::EnqueueAndDrive(std::vector<Work> works) {
     wake_.wait_until(lock, start + cycle_time,
                      [&] { return !queue_.empty() || shutdown_requested_; });
   }
-  cycle_owner = nullptr;
   cycle_on_caller_ = false;
 }
 
@@ -294,8 +309,15 @@ void Engine::FailAll(const Status& status) {
     if (broken_.ok()) broken_ = status;
     queued.swap(queue_);
   }
+  // Works the cycle took are failed too: a done callback that is never
+  // called leaves an eager op waiting forever. Finish is a no-op for the
+  // ones already finished.
+  for (Work& w : arrived_) Finish(w, status);
+  arrived_.clear();
   for (auto& [name, w] : works_) Finish(w, status);
   works_.clear();
+  for (Work& w : runnable_) Finish(w, status);
+  runnable_.clear();
   if (join_) Finish(*join_, status);
   join_.reset();
   controller_.SetJoined(false);
@@ -332,7 +354,7 @@ Work Engine::StandIn(const Request& r) {
   return w;
 }
 
-void Engine::Admit(Work work) {
+void Engine::Admit(Work& work) {
   if (work.collective == Collective::kJoin) {
     if (join_) {
       Finish(work, Status::InvalidArgument("join called while this rank's earlier join has not "
@@ -407,10 +429,8 @@ void Engine::Loop() {
       std::lock_guard<std::mutex> lock(mutex_);
       if (queue_.empty()) continue;
     }
-    cycle_owner = this;
-    const bool go_on = GuardedCycle();
-    cycle_owner = nullptr;
-    if (!go_on) Stop();
+    CycleOwnerScope owner(this);
+    if (!GuardedCycle()) Stop();
   }
 }
 
@@ -429,13 +449,17 @@ bool Engine::GuardedCycle() {
 }
 
 bool Engine::RunCycle() {
-  std::deque<Work> arrived;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    arrived.swap(queue_);
+    arrived_.swap(queue_);
   }
-  const bool had_arrivals = !arrived.empty();
-  for (Work& w : arrived) Admit(std::move(w));
+  const bool had_arrivals = !arrived_.empty();
+  // Each work leaves arrived_ only once Admit has put it in works_ or
+  // finished it.
+  while (!arrived_.empty()) {
+    Admit(arrived_.front());
+    arrived_.pop_front();
+  }
 
   Negotiated outcome;
   try {
@@ -448,35 +472,40 @@ bool Engine::RunCycle() {
     FailAll(Status::Aborted(verdict));
     return false;
   }
-  for (const auto& [name, message] : outcome.refused) {
-    auto it = works_.find(name);
-    Finish(it->second, Status::InvalidArgument(message + ctx_->Where()));
-    works_.erase(it);
-  }
-  std::vector<Work> runnable;
+  // What runs is taken before the refused are finished: a done callback
+  // may throw, and FailAll then reaches the taken works in runnable_.
   for (const std::string& name : outcome.run) {
     auto it = works_.find(name);
     if (it == works_.end()) {
-      runnable.push_back(StandIn(outcome.stand_ins.at(name)));
+      runnable_.push_back(StandIn(outcome.stand_ins.at(name)));
       continue;
     }
-    runnable.push_back(std::move(it->second));
+    runnable_.push_back(std::move(it->second));
     works_.erase(it);
+  }
+  for (const auto& [name, message] : outcome.refused) {
+    auto it = works_.find(name);
+    if (it == works_.end()) continue;
+    Work refused = std::move(it->second);
+    works_.erase(it);
+    Finish(refused, Status::InvalidArgument(message + ctx_->Where()));
   }
   if (ctx_->timeline) {
     const auto now = std::chrono::steady_clock::now();
     // "caller": the cycle ran on the thread of an eager op that drove it.
     const std::string args = cycle_on_caller_ ? "\"cycle\": \"caller\"" : "";
-    for (const Work& w : runnable) {
+    for (const Work& w : runnable_) {
       ctx_->timeline->Span(w.name, "NEGOTIATE", w.enqueued, now, args);
     }
   }
   try {
-    executor_.Run(runnable, outcome.active);
+    executor_.Run(runnable_, outcome.active);
   } catch (const std::exception& e) {
     AbortOnDataPathFailure(e);
   }
-  const bool idle = !had_arrivals && runnable.empty() && works_.empty() && !join_ &&
+  const bool ran_any = !runnable_.empty();
+  runnable_.clear();
+  const bool idle = !had_arrivals && !ran_any && works_.empty() && !join_ &&
                     !outcome.exchanged;
   idle_cycles_ = idle ? idle_cycles_ + 1 : 0;
   ++cycles_run_;

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "context.h"
-#include "controller.h"
+#include "../negotiation/controller.h"
 #include "executor.h"
-#include "message.h"
+#include "../negotiation/message.h"
 #include "work.h"
 
 namespace ddl {
@@ -51,6 +51,10 @@ class Engine {
   // woken by it, tens of microseconds per call. Otherwise it is Enqueue.
   void EnqueueAndDrive(std::vector<Work> works);
 
+  // True on the thread running one of this engine's cycles, while it runs it
+  // (the engine thread, or a driving caller between and during its cycles).
+  bool OnCycleThread() const;
+
   // Asks every rank's engine to stop after the current cycle and waits for
   // this rank's thread. In-flight works fail with an Aborted status.
   void Shutdown();
@@ -73,7 +77,8 @@ class Engine {
   // After a cycle returned false: no thread runs another one.
   void Stop();
   Status Validate(const Work& work) const;
-  void Admit(Work work);
+  // Moves `work` into the cycle's offers (or finishes it with its error).
+  void Admit(Work& work);
   // This rank's part in a collective it runs while joined: zeros in, the
   // result discarded; the memory lives as long as the work.
   static Work StandIn(const Request& request);
@@ -104,7 +109,11 @@ class Engine {
 
   // Cycle state: touched only under cycle_mutex_.
   bool cycle_on_caller_ = false;  // this cycle runs on a driving caller's thread
+  // Every work a cycle has taken from queue_ is in exactly one of these
+  // until it is finished, so FailAll reaches it whatever throws.
+  std::deque<Work> arrived_;     // taken from queue_, not yet admitted
   std::unordered_map<std::string, Work> works_;  // offered, not yet run
+  std::vector<Work> runnable_;   // agreed this cycle, running
   std::unique_ptr<Work> join_;   // this rank's join, until every rank joined
   std::atomic<int> idle_cycles_{0};  // cycles in a row with nothing to do
   std::thread thread_;

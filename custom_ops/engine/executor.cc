@@ -10,6 +10,7 @@
 #include "../algorithms/allreduce.h"
 #include "../algorithms/alltoall.h"
 #include "../algorithms/pairwise.h"
+#include "../algorithms/rack_allreduce.h"
 #include "../algorithms/ring.h"
 #include "../common/reduce_kernels.h"
 
@@ -80,6 +81,9 @@ Executor::Executor(Context& ctx) : ctx_(ctx) {
   if (ctx_.node_memory) {
     node_allreduce_ = std::make_unique<NodeAllreduce>(
         *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size, traffic_);
+    if (ctx_.racks) {
+      node_allreduce_->UseRacks({ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()});
+    }
   }
   if (node_allreduce_ && ctx_.output_pool) {
     shared_output_ = std::make_unique<SharedOutputAllreduce>(*ctx_.node_memory, ctx_.output_pool,
@@ -190,9 +194,18 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
     }
     phases.emplace_back("MEMCPY_IN_FUSION_BUFFER", seconds_since(t));
     t = Clock::now();
-    const TransportAllreduce& algorithm = ChooseAllreduce(ctx_.size, count * wire_elem);
-    algorithm.run(*ctx_.world, buffer, count, wire, op);
-    phases.emplace_back(algorithm.name, seconds_since(t));
+    if (ctx_.racks) {
+      // One rank per node: the grid is the world, racks-major.
+      const char* name = RackGridAllreduce(
+          {ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()}, buffer, count,
+          wire, op);
+      phases.emplace_back(name, seconds_since(t));
+      traffic_.rack_bytes += count * wire_elem;
+    } else {
+      const TransportAllreduce& algorithm = ChooseAllreduce(ctx_.size, count * wire_elem);
+      algorithm.run(*ctx_.world, buffer, count, wire, op);
+      phases.emplace_back(algorithm.name, seconds_since(t));
+    }
     t = Clock::now();
     if (packed) {
       size_t offset = 0;
@@ -202,7 +215,7 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
       }
     }
     phases.emplace_back("MEMCPY_OUT_FUSION_BUFFER", seconds_since(t));
-    traffic_.flat_bytes += count * wire_elem;
+    if (!ctx_.racks) traffic_.flat_bytes += count * wire_elem;
   }
   const auto end = Clock::now();
   if (ctx_.timeline) {

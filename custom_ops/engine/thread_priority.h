@@ -7,7 +7,7 @@
 // allreduce beside a busy core took twice its time alone.
 #pragma once
 
-#include "config.h"
+#include "../common/config.h"
 
 namespace ddl {
 

@@ -12,7 +12,6 @@
 namespace ddl {
 
 // n rounded up to a multiple of `to`.
-inline size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 class NodeSegment {
  public:

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/util.h"
+
 namespace ddl {
 
 class Transport {
@@ -24,17 +26,13 @@ class Transport {
   // Block (without monopolising the core) until the message completes.
   // Throws TransportError on failure.
   virtual void Wait(Handle handle) = 0;
+  // True once the message completed (the handle is then released); never
+  // blocks. Throws TransportError on failure.
+  virtual bool Test(Handle handle) = 0;
 
   // Largest message a single Isend/Irecv accepts; algorithms chunk above it.
   virtual size_t MaxMessageBytes() const = 0;
 };
-
-// "2, 3, 5": ranks for an error message.
-inline std::string RankList(const std::vector<int>& ranks) {
-  std::string text;
-  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
-  return text;
-}
 
 class TransportError : public std::exception {
  public:

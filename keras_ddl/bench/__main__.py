@@ -22,14 +22,19 @@ def parse(argv):
     ar.add_argument("--cluster", metavar="KxR",
                     help="run on a cluster of K network namespaces with R ranks each (root; "
                          "do not start under mpiexec): every algorithm, fp16, MPICH and the "
-                         "link bound in one table")
+                         "link bound in one table; RACKSxNxR for racks of N nodes behind "
+                         "uplinks (--uplink)")
+    ar.add_argument("--uplink", default=None,
+                    help="with --cluster RACKSxNxR: each rack's uplink rate each way "
+                         "(default: --rate)")
     ar.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
     ar.add_argument("--burst", default=None,
                     help="with --cluster: bytes each link's token bucket holds (64k, 1mb; "
                          "default: 2 ms at the rate, at least 256k)")
     ar.add_argument("--algorithms", help="with --cluster: comma-separated subset of "
-                                         "auto,hierarchical,flat (default all; the first also "
-                                         "runs fp16)")
+                                         "auto,hierarchical,flat,racks (default: auto, "
+                                         "hierarchical, flat; with racks auto, racks and the "
+                                         "two-level path; the first also runs fp16)")
     ar.add_argument("--rounds", type=int, default=1,
                     help="with --cluster: launches per algorithm (alternating); medians")
     mw = sub.add_parser("mwms", help="TensorFlow MultiWorkerMirroredStrategy all_reduce vs "

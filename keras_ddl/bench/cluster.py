@@ -8,11 +8,14 @@ each ratio uses its own launch's baseline), and the link bound.
 
 The link bound is what the links allow: each node must send (and receive)
 2(K-1)/K of the buffer, so no allreduce of S bytes over K nodes finishes
-before 2(K-1)/K x S / rate.
+before 2(K-1)/K x S / rate. With R racks behind uplinks of rate U, each
+rack must also send 2(R-1)/R of it through its uplink: the bound is
+max(2(K-1)/K x S / rate, 2(R-1)/R x S / U).
 
 Run as root, without mpiexec (the benchmark launches it):
 
     python -m keras_ddl.bench allreduce --cluster 2x2 --rate 1gbit --reps 5
+    python -m keras_ddl.bench allreduce --cluster 2x4x1 --rate 1gbit --uplink 250mbit
 """
 
 import json
@@ -25,21 +28,40 @@ import tempfile
 from ..cluster import MPI_ENV, NetnsCluster, find_mpiexec, parse_rate
 from .fit import _print_rows
 
-ALGORITHMS = ("auto", "hierarchical", "flat")
+ALGORITHMS = ("auto", "hierarchical", "flat", "racks")
+DEFAULT_ALGORITHMS = ("auto", "hierarchical", "flat")
 
 
 def parse_shape(text):
+    """'KxL' -> (K, L, 1); 'RxNxL' (racks of N nodes) -> (R*N, L, R)."""
     try:
-        nodes, per_node = (int(v) for v in text.lower().split("x"))
+        parts = [int(v) for v in text.lower().split("x")]
     except ValueError:
-        raise SystemExit(f"--cluster {text!r}: expected NODESxRANKS, e.g. 2x2") from None
-    if nodes < 2 or per_node < 1:
+        parts = []
+    if len(parts) == 2:
+        parts = [1] + parts
+    if len(parts) != 3:
+        raise SystemExit(f"--cluster {text!r}: expected NODESxRANKS, e.g. 2x2, or "
+                         "RACKSxNODESxRANKS, e.g. 2x4x1") from None
+    racks, per_rack, per_node = parts
+    if racks < 1 or per_node < 1 or racks * per_rack < 2 or per_rack < 1:
         raise SystemExit(f"--cluster {text!r}: at least 2 nodes and 1 rank per node")
-    return nodes, per_node
+    return racks * per_rack, per_node, racks
 
 
-def link_bound_s(nbytes, nodes, rate_bps):
-    return 2 * (nodes - 1) / nodes * nbytes / (rate_bps / 8)
+def link_bound_s(nbytes, nodes, rate_bps, racks=1, uplink_bps=None):
+    node = 2 * (nodes - 1) / nodes * nbytes / (rate_bps / 8)
+    if racks < 2:
+        return node
+    return max(node, 2 * (racks - 1) / racks * nbytes / (uplink_bps / 8))
+
+
+def default_algorithms(racks, per_node):
+    """Without racks, every path; with racks, auto (which takes them), the
+    rack allreduce by name and the two-level path over the same links."""
+    if racks < 2:
+        return DEFAULT_ALGORITHMS
+    return ("auto", "racks", "flat" if per_node == 1 else "hierarchical")
 
 
 def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path):
@@ -59,14 +81,18 @@ def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path):
 
 
 def run(args, sizes, human_bytes):
-    nodes, per_node = parse_shape(args.cluster)
+    nodes, per_node, racks = parse_shape(args.cluster)
     rate_bps = parse_rate(args.rate)
-    algorithms = [a for a in (args.algorithms or ",".join(ALGORITHMS)).split(",") if a]
+    uplink = getattr(args, "uplink", None) or args.rate
+    uplink_bps = parse_rate(uplink)
+    algorithms = [a for a in (args.algorithms or ",".join(default_algorithms(racks, per_node)))
+                  .split(",") if a]
     for a in algorithms:
         if a not in ALGORITHMS:
             raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
     runs = {}
-    cluster = NetnsCluster(nodes, args.rate, burst=args.burst)
+    cluster = NetnsCluster(nodes // racks, args.rate, burst=args.burst, racks=racks,
+                           uplink=uplink)
     with cluster, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for a in algorithms:
@@ -75,7 +101,7 @@ def run(args, sizes, human_bytes):
                 runs.setdefault(a, []).append(rows)
     table = []
     for i, nbytes in enumerate(sizes):
-        bound = link_bound_s(nbytes, nodes, rate_bps)
+        bound = link_bound_s(nbytes, nodes, rate_bps, racks, uplink_bps)
         row = {"size": human_bytes(nbytes), "bound_us": bound * 1e6}
         wrong = 0
         first = algorithms[0]
@@ -91,16 +117,25 @@ def run(args, sizes, human_bytes):
         row["fp16_speedup"] = statistics.median(
             r[i]["time_us"] / r[i]["fp16_us"] for r in runs[first])
         row[f"{first}_of_bound"] = bound * 1e6 / row[f"{first}_us"]
+        row["mpi_of_bound"] = bound * 1e6 / row["mpi_us"]
         others = [row[f"{a}_us"] for a in algorithms if a != first]
         if others:
             row[f"best/{first}"] = min(others) / row[f"{first}_us"]
+        two_level = "flat" if per_node == 1 else "hierarchical"
+        if racks > 1 and two_level in algorithms and first != two_level:
+            row[f"{two_level}/{first}"] = row[f"{two_level}_us"] / row[f"{first}_us"]
         row["wrong"] = wrong
         table.append(row)
     columns = ["size", "bound_us", "mpi_us"] + [f"{a}_us" for a in algorithms] + \
-              [f"{a}/mpi" for a in algorithms] + [f"{algorithms[0]}_of_bound"] + \
+              [f"{a}/mpi" for a in algorithms] + [f"{algorithms[0]}_of_bound", "mpi_of_bound"] + \
               ([f"best/{algorithms[0]}"] if len(algorithms) > 1 else []) + \
+              [c for c in (f"flat/{algorithms[0]}", f"hierarchical/{algorithms[0]}")
+               if racks > 1 and c in table[0]] + \
               ["fp16_us", "fp16_speedup", "wrong"]
-    title = (f"allreduce across {nodes} nodes x {per_node} rank(s), links {args.rate} each way "
+    shape = (f"{racks} racks x {nodes // racks} nodes" if racks > 1 else f"{nodes} nodes")
+    title = (f"allreduce across {shape} x {per_node} rank(s), links {args.rate} each way "
+             + (f"(uplinks {uplink}, bound max(2(K-1)/K x S/link, 2(R-1)/R x S/uplink)) "
+                if racks > 1 else "") +
              f"with a {human_bytes(cluster.burst)} token bucket (network namespaces, MPI over "
              f"TCP), float32 sum; median over {args.rounds} "
              f"launch(es) of the median of {args.reps} interleaved repetitions; X/mpi = MPICH "
@@ -110,6 +145,7 @@ def run(args, sizes, human_bytes):
     if args.json:
         from keras_ddl_tools.results import write_json
         write_json(args.json, {"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
+                               "racks": racks, "uplink": uplink,
                                "burst_bytes": cluster.burst, "rows": table, "raw": runs})
     if args.plot:
         _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)

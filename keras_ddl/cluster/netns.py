@@ -3,7 +3,11 @@ testing multi-node runs without servers.
 
 Each node is a network namespace joined to a Linux bridge by a veth pair;
 `tc tbf` on both ends of the pair caps the node's link at the given rate in
-each direction. Ranks are started in a node by an ssh stand-in script that
+each direction. With racks, each rack is a bridge of its own (its nodes'
+top-of-rack switch) and reaches a core bridge through one veth pair, the
+rack's uplink, shaped the same way at its own rate; every node is then told
+its place as Slurm's topology plugin would (SLURM_TOPOLOGY_ADDR
+``core.rackR.nodeI``, SLURM_TOPOLOGY_ADDR_PATTERN ``switch.switch.node``). Ranks are started in a node by an ssh stand-in script that
 MPICH's launcher runs in place of ssh (``mpiexec -launcher ssh
 -launcher-exec STANDIN``): it enters the node's namespace and sets the
 node's hostname in a UTS namespace of its own (``unshare -u``), so
@@ -49,6 +53,16 @@ def parse_rate(text):
     except ValueError as e:
         raise ClusterError(str(e)) from None
 
+
+# How long a packet may wait in an uplink's queue before tbf drops it. A
+# top-of-rack switch's buffer is shallow, and a deep one starves a
+# direction: with every node of 2 racks x 4 streaming to its peer in the
+# other rack (probe.py), one direction reached 0.95 of the uplink and the
+# other 0.12-0.44 in 3 of 4 probes with the node links' 100 ms queue, 1 of
+# 4 with 5-10 ms, 0 of 3 with 2 ms (loaded machine, load 8-11 on 2 cores):
+# that direction's ACKs wait behind the other's data. This kernel has no
+# fair queueing (only tbf and pfifo), so the queue is kept short instead.
+UPLINK_QUEUE = "2ms"
 
 # The smallest token bucket a link may have: one Ethernet frame. Below it
 # tbf could never send a frame.
@@ -127,18 +141,37 @@ class NetnsCluster:
     SIGTERM) or call ``up()`` / ``down()``. ``hosts`` are the node names to
     give the launcher (``node1`` ...); ``standin`` is the ssh stand-in."""
 
-    def __init__(self, nodes, rate="1gbit", name=None, burst=None):
+    def __init__(self, nodes, rate="1gbit", name=None, burst=None, racks=1, uplink=None):
+        """``nodes`` per rack (``racks`` of them; ``nodes`` is the total
+        with one rack). ``uplink``: each rack's link to the core, each way
+        (default: ``rate``); its token bucket is the default for its rate."""
         if int(nodes) != nodes or nodes < 1:
             raise ClusterError(f"nodes={nodes!r}: expected a whole number >= 1")
-        self.nodes = int(nodes)
+        if int(racks) != racks or racks < 1:
+            raise ClusterError(f"racks={racks!r}: expected a whole number >= 1")
+        self.racks = int(racks)
+        self.nodes_per_rack = int(nodes)
+        self.nodes = int(nodes) * self.racks
+        self.uplink = uplink if uplink is not None else rate
+        self.uplink_bps = parse_rate(self.uplink)
+        self.uplink_burst = default_burst(self.uplink_bps)
         self.rate_bps = parse_rate(rate)
         self.rate = rate
         self.burst_text = burst
         self.burst = parse_burst(burst, self.rate_bps)
         self.name = name or "kd" + secrets.token_hex(3)[:5]
         self.state_dir = os.path.join(STATE_ROOT, self.name)
-        self.bridge = self.name + "b"
+        # The bridge holding this machine's address (-iface for the
+        # launcher): the only one, or the core bridge with racks.
+        self.bridge = self.name + ("b" if self.racks == 1 else "c")
+        self.rack_bridges = [f"{self.name}b{r + 1}" for r in range(self.racks)] \
+            if self.racks > 1 else [self.bridge]
+        # Each uplink: rack side (on the rack bridge), core side.
+        self.uplinks = [(f"{self.name}u{r + 1}", f"{self.name}k{r + 1}")
+                        for r in range(self.racks)] if self.racks > 1 else []
         self.hosts = [f"node{i + 1}" for i in range(self.nodes)]
+        # 0-based rack of each node: racks are consecutive runs of nodes.
+        self.rack_of = [i // self.nodes_per_rack for i in range(self.nodes)]
         self.namespaces = [f"{self.name}-n{i + 1}" for i in range(self.nodes)]
         self.host_veths = [f"{self.name}v{i + 1}" for i in range(self.nodes)]
         self.addresses = []
@@ -174,10 +207,19 @@ class NetnsCluster:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.bridge_address}/{subnet.prefixlen}", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
-        for ns, veth, addr in zip(self.namespaces, self.host_veths, self.addresses):
+        # Racks: one bridge each, joined to the core bridge by its uplink.
+        # All of it is one layer-2 network, one subnet.
+        for rack_bridge, (rack_side, core_side) in zip(self.rack_bridges, self.uplinks):
+            _run("ip", "link", "add", rack_bridge, "type", "bridge")
+            _run("ip", "link", "set", rack_bridge, "up")
+            _run("ip", "link", "add", rack_side, "type", "veth", "peer", "name", core_side)
+            _run("ip", "link", "set", rack_side, "master", rack_bridge, "up")
+            _run("ip", "link", "set", core_side, "master", self.bridge, "up")
+        for i, (ns, veth, addr) in enumerate(zip(self.namespaces, self.host_veths,
+                                                 self.addresses)):
             _run("ip", "netns", "add", ns)
             _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _run("ip", "link", "set", veth, "master", self.bridge, "up")
+            _run("ip", "link", "set", veth, "master", self.rack_bridges[self.rack_of[i]], "up")
             _run("ip", "-n", ns, "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
@@ -239,6 +281,19 @@ class NetnsCluster:
         for ns, veth in zip(self.namespaces, self.host_veths):
             _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", *shape)
             _run("tc", "qdisc", "replace", "dev", veth, *shape)
+        self.set_uplink(self.uplink)
+
+    def set_uplink(self, rate):
+        """Caps every rack's uplink at ``rate`` in both directions, with
+        the default token bucket for that rate (no-op with one rack)."""
+        bps = parse_rate(rate)
+        self.uplink, self.uplink_bps = rate, bps
+        self.uplink_burst = default_burst(bps)
+        shape = ["root", "tbf", "rate", f"{int(bps)}bit", "burst", str(self.uplink_burst),
+                 "latency", UPLINK_QUEUE]
+        for rack_side, core_side in self.uplinks:
+            _run("tc", "qdisc", "replace", "dev", rack_side, *shape)
+            _run("tc", "qdisc", "replace", "dev", core_side, *shape)
 
     def set_link(self, node, up):
         """Takes node ``node`` (0-based) off the bridge (up=False) or back."""
@@ -257,12 +312,44 @@ class NetnsCluster:
             out.append((sent, received))
         return out
 
+    def uplink_bytes(self):
+        """[(out, in)] bytes of each rack's uplink: leaving the rack for the
+        core, and arriving from it (counted on the uplink's rack side)."""
+        out = []
+        for rack_side, _ in self.uplinks:
+            base = f"/sys/class/net/{rack_side}/statistics/"
+            with open(base + "tx_bytes") as f:
+                leaving = int(f.read())
+            with open(base + "rx_bytes") as f:
+                arriving = int(f.read())
+            out.append((leaving, arriving))
+        return out
+
+    def topology_addr(self, node):
+        """SLURM_TOPOLOGY_ADDR of node ``node`` (0-based), as Slurm's tree
+        topology writes it: switches from the core down, then the node."""
+        return f"core.rack{self.rack_of[node] + 1}.{self.hosts[node]}"
+
+    def ddl_topology(self):
+        """The same racks as a DDL_TOPOLOGY value (docs/topology.md)."""
+        return ";".join(
+            f"rack{r + 1}=" + ",".join(h for h, k in zip(self.hosts, self.rack_of) if k == r)
+            for r in range(self.racks))
+
     # -- launching ---------------------------------------------------------
 
     def _write_standin(self):
+        # With racks the stand-in also exports the node's place, as Slurm
+        # does for every task of a job.
+        def topology(i):
+            if self.racks == 1:
+                return ""
+            return (f" export SLURM_TOPOLOGY_ADDR={self.topology_addr(i)}"
+                    f" SLURM_TOPOLOGY_ADDR_PATTERN=switch.switch.node;")
         cases = "\n".join(
-            f"  {host}|{addr}) ns={ns}; name={host};;"
-            for host, addr, ns in zip(self.hosts, self.addresses, self.namespaces))
+            f"  {host}|{addr}) ns={ns}; name={host};{topology(i)};"
+            for i, (host, addr, ns) in enumerate(zip(self.hosts, self.addresses,
+                                                      self.namespaces)))
         script = f"""#!/bin/sh
 # ssh stand-in for cluster {self.name}: ssh [options] HOST COMMAND...
 # runs COMMAND in HOST's network namespace under HOST's hostname.
@@ -312,8 +399,19 @@ def _teardown(name, nodes=None):
     namespaces = [ns for ns in _list_namespaces() if ns.startswith(name + "-n")]
     for ns in namespaces:
         _run("ip", "netns", "del", ns, check=False)  # removes the veth pair with it
-    _run("ip", "link", "del", name + "b", check=False)
+    # Bridges (one, or a core and one per rack) and uplinks: every link
+    # named after the cluster (deleting one end of a veth pair deletes both).
+    for link in _list_links():
+        if re.fullmatch(re.escape(name) + r"[bcuk][0-9]*", link):
+            _run("ip", "link", "del", link, check=False)
     shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _list_links():
+    out = _run("ip", "-o", "link", "show", check=False).stdout
+    # "7: kd12345u1@kd12345k1: <...>": the name before any '@peer'.
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()
+            if line.count(":") >= 2]
 
 
 def _list_namespaces():

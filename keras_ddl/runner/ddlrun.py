@@ -46,6 +46,7 @@ import threading
 
 from .agent import TOKEN_VARIABLE
 from .deathwatch import DeathWatch
+from . import settings
 
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
@@ -71,8 +72,10 @@ def build_parser():
     p.add_argument("-np", "--num-proc", type=int, required=True, dest="np",
                    help="total number of processes (ranks)")
     hosts = p.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", help="comma-separated host[:slots] list")
-    hosts.add_argument("--hostfile", help="file with one host[:slots] per line")
+    hosts.add_argument("-H", "--hosts", help="comma-separated host[:slots][@rack] list (racks: "
+                                              "docs/topology.md)")
+    hosts.add_argument("--hostfile", help="file with one host[:slots][@rack] per line (or a "
+                                          "rack=NAME column)")
     p.add_argument("--fusion-threshold-mb", type=float,
                    help="largest fused allreduce batch in MB (DDL_FUSION_THRESHOLD_MB)")
     p.add_argument("--cycle-time-ms", type=float, help="negotiation cycle (DDL_CYCLE_TIME_MS)")
@@ -102,6 +105,9 @@ def build_parser():
                    help="prefix every output line with [rank] (as mpiexec -l; the default); "
                         "lines are never split or mixed, with or without it")
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    p.add_argument("--verbose", action="store_true",
+                   help="rank 0 prints the topology the ranks agreed on (racks, nodes, where "
+                        "they were learnt) and the allreduce chosen, once at init")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
 
@@ -121,6 +127,69 @@ def parse_hosts(spec, source):
     return hosts
 
 
+RACK_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def hostfile_items(lines):
+    """A hostfile's lines as -H items: 'host[:slots][@rack]', where a line
+    may also give the rack as a column, 'host[:slots] rack=NAME'."""
+    items = []
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        item = words[0]
+        for word in words[1:]:
+            if word.startswith("rack="):
+                item += "@" + word[len("rack="):]
+        items.append(item)
+    return items
+
+
+def split_racks(items, source):
+    """'host:slots@rack' items -> (items without racks, {host: rack}).
+    Either every host names its rack or none does."""
+    plain, racks = [], {}
+    for item in items:
+        item = item.strip()
+        host_part, at, rack = item.partition("@")
+        if at:
+            if not RACK_PATTERN.match(rack):
+                raise UsageError(f"{source}: '{item}': the rack after '@' must be a name of "
+                                 "letters, digits, '.', '_' or '-'")
+            racks[host_part.partition(":")[0]] = rack
+        plain.append(host_part)
+    named = [i.partition(":")[0] for i in plain if i and not i.startswith("#")]
+    unnamed = [h for h in named if h not in racks]
+    if racks and unnamed:
+        raise UsageError(f"{source}: hosts {', '.join(unnamed)} name no rack but others do "
+                         "(host:slots@rack for every host, or for none)")
+    return plain, racks
+
+
+def topology_env(hosts, racks, source):
+    """DDL_TOPOLOGY for the ranks (docs/topology.md) from {host: rack}, in
+    the order the hosts were given; empty without racks."""
+    if not racks:
+        return {}
+    order = []
+    for host, _ in hosts:
+        if racks[host] not in order:
+            order.append(racks[host])
+    value = ";".join(f"{rack}=" + ",".join(h for h, _ in hosts if racks[h] == rack)
+                     for rack in order)
+    return {"DDL_TOPOLOGY": value}
+
+
+def check_setting(option, variable, value):
+    """The range of `variable` in keras_ddl/settings.def, the table the core
+    reads too."""
+    if not settings.valid(variable, value):
+        s = settings.SETTINGS[variable]
+        bounds = f">= {s.low:g}" if s.high >= 1e9 else f"in [{s.low:g}, {s.high:g}]"
+        raise UsageError(f"{option} must be {bounds}, got {value}")
+
+
 def validate(args):
     if not args.command:
         raise UsageError("no command given: ddlrun -np N python train.py ...")
@@ -136,19 +205,17 @@ def validate(args):
             raise UsageError(f"script '{script}' does not exist")
     env = {}
     if args.fusion_threshold_mb is not None:
-        if not 0 <= args.fusion_threshold_mb <= 65536:
-            raise UsageError(f"--fusion-threshold-mb must be in [0, 65536], got {args.fusion_threshold_mb}")
+        check_setting("--fusion-threshold-mb", "DDL_FUSION_THRESHOLD_MB", args.fusion_threshold_mb)
         env["DDL_FUSION_THRESHOLD_MB"] = repr(args.fusion_threshold_mb)
     if args.cycle_time_ms is not None:
-        if not 0.01 <= args.cycle_time_ms <= 10000:
-            raise UsageError(f"--cycle-time-ms must be in [0.01, 10000], got {args.cycle_time_ms}")
+        check_setting("--cycle-time-ms", "DDL_CYCLE_TIME_MS", args.cycle_time_ms)
         env["DDL_CYCLE_TIME_MS"] = repr(args.cycle_time_ms)
     if args.hierarchical:
         env["DDL_ALLREDUCE"] = "hierarchical"
     elif args.flat:
         env["DDL_ALLREDUCE"] = "flat"
     if args.local_size is not None:
-        if args.local_size < 1 or args.np % args.local_size:
+        if not settings.valid("DDL_LOCAL_SIZE", args.local_size) or args.np % args.local_size:
             raise UsageError(f"--local-size {args.local_size} must be >= 1 and divide -np {args.np}")
         env["DDL_LOCAL_SIZE"] = str(args.local_size)
     if args.timeline:
@@ -157,8 +224,7 @@ def validate(args):
             raise UsageError(f"--timeline: directory {directory} does not exist")
         env["DDL_TIMELINE"] = os.path.abspath(args.timeline)
     if args.stall_timeout_s is not None:
-        if args.stall_timeout_s < 0:
-            raise UsageError(f"--stall-timeout-s must be >= 0, got {args.stall_timeout_s}")
+        check_setting("--stall-timeout-s", "DDL_STALL_TIMEOUT_S", args.stall_timeout_s)
         env["DDL_STALL_TIMEOUT_S"] = repr(args.stall_timeout_s)
     if args.bind_to_core:
         env["TF_NUM_INTRAOP_THREADS"] = "1"
@@ -180,13 +246,18 @@ def validate(args):
         raise UsageError(f"--mpi-args {args.mpi_args!r}: {e}") from None
     hosts = None
     if args.hosts:
-        hosts = parse_hosts(args.hosts.split(","), "-H")
+        items, racks = split_racks(args.hosts.split(","), "-H")
+        hosts = parse_hosts(items, "-H")
+        env.update(topology_env(hosts, racks, "-H"))
     elif args.hostfile:
         if not os.path.isfile(args.hostfile):
             raise UsageError(f"--hostfile {args.hostfile} does not exist")
         with open(args.hostfile) as f:
-            hosts = parse_hosts([line.split()[0] if line.split() else "" for line in f],
-                                args.hostfile)
+            items, racks = split_racks(hostfile_items(f), args.hostfile)
+        hosts = parse_hosts(items, args.hostfile)
+        env.update(topology_env(hosts, racks, args.hostfile))
+    if getattr(args, "verbose", False):
+        env["DDL_PRINT_TOPOLOGY"] = "1"
     if hosts is not None and sum(s for _, s in hosts) < args.np:
         raise UsageError(f"-np {args.np} exceeds the {sum(s for _, s in hosts)} slots of the hosts given")
     return env, hosts

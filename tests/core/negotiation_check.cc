@@ -1,4 +1,4 @@
-// The engine's negotiation (engine/controller.h over the coordinator and
+// The engine's negotiation (negotiation/controller.h over the coordinator and
 // the response cache) with threads as ranks (tests/core/in_process.h):
 // every rank runs its own Controller through the same number of cycles,
 // offering requests on its own schedule, and the outcomes are compared
@@ -9,7 +9,7 @@
 #include <functional>
 #include <thread>
 
-#include "engine/controller.h"
+#include "negotiation/controller.h"
 #include "check.h"
 #include "in_process.h"
 

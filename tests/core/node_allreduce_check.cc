@@ -30,9 +30,18 @@ float Combine(ReduceOp op, float a, float b) {
   return a + b;
 }
 
-void Check(int nodes, int local, ReduceOp op, int call) {
+// racks == 0: one switch (the cross step over every node); otherwise
+// `nodes` is split into `racks` racks of nodes / racks, rack-major, and the
+// cross step is the rack allreduce.
+void Check(int nodes, int local, ReduceOp op, int call, int racks = 0) {
   const int world = nodes * local;
-  const std::vector<int64_t> lengths = {1, 1000, 3, 4097, 0, 777};
+  const int per_rack = racks > 0 ? nodes / racks : nodes;
+  // With racks a tensor of 300001 and slots of 512 KB as well: slices big
+  // enough that the cross step takes the pipelined schedule, not only
+  // the one-round exchange.
+  std::vector<int64_t> lengths = {1, 1000, 3, 4097, 0, 777};
+  if (racks > 0) lengths.push_back(300001);
+  const size_t slot_bytes = racks > 0 ? 512 << 10 : 4096;
   std::mt19937 rng(nodes * 100 + local * 10 + static_cast<int>(op));
   std::uniform_real_distribution<float> real(-1, 1);
   // inputs[w][t]
@@ -48,6 +57,14 @@ void Check(int nodes, int local, ReduceOp op, int call) {
   std::vector<std::unique_ptr<InProcessGroup>> node_planes, cross_groups;
   for (int n = 0; n < nodes; ++n) node_planes.push_back(std::make_unique<InProcessGroup>(local, 1 << 20));
   for (int l = 0; l < local; ++l) cross_groups.push_back(std::make_unique<InProcessGroup>(nodes, 1 << 20));
+  // [l][rack] and [l][node in rack]: one rack group and one column per
+  // local rank, as the cross groups. Messages of 4 KB: several pieces per
+  // chunk's slice.
+  std::vector<std::vector<std::unique_ptr<InProcessGroup>>> rack_groups(local), columns(local);
+  for (int l = 0; racks > 0 && l < local; ++l) {
+    for (int r = 0; r < racks; ++r) rack_groups[l].push_back(std::make_unique<InProcessGroup>(per_rack, 4096));
+    for (int n = 0; n < per_rack; ++n) columns[l].push_back(std::make_unique<InProcessGroup>(racks, 4096));
+  }
   std::vector<TrafficCounters> traffic(world);
   const std::string token = "core-check." + std::to_string(getpid()) + "." + std::to_string(call);
 
@@ -56,9 +73,15 @@ void Check(int nodes, int local, ReduceOp op, int call) {
     const int node = w / local, l = w % local;
     InProcessRank plane(*node_planes[node], l);
     InProcessRank cross(*cross_groups[l], node);
-    auto arena = ShmArena::Create(plane, token + ".node" + std::to_string(node), 4096, 3);
+    auto arena = ShmArena::Create(plane, token + ".node" + std::to_string(node), slot_bytes, 3);
     arena->SetPeerTimeout(10);
     NodeAllreduce allreduce(*arena, &cross, world, traffic[w]);
+    std::unique_ptr<InProcessRank> rack, column;
+    if (racks > 0) {
+      rack = std::make_unique<InProcessRank>(*rack_groups[l][node / per_rack], node % per_rack);
+      column = std::make_unique<InProcessRank>(*columns[l][node % per_rack], node / per_rack);
+      allreduce.UseRacks({&cross, rack.get(), column.get()});
+    }
     std::vector<Span> spans;
     for (size_t t = 0; t < lengths.size(); ++t) {
       spans.push_back({in[w][t].data(), out[w][t].data(), lengths[t]});
@@ -66,16 +89,24 @@ void Check(int nodes, int local, ReduceOp op, int call) {
     allreduce.Run(spans, DataType::kFloat32, DataType::kFloat32, op);
   });
 
-  const std::string label = std::to_string(nodes) + "x" + std::to_string(local) + " " +
+  const std::string label = (racks > 0 ? std::to_string(racks) + " racks of " : "") +
+                            std::to_string(nodes) + "x" + std::to_string(local) + " " +
                             ReduceOpName(op);
   for (size_t t = 0; t < lengths.size(); ++t) {
     std::vector<float> want(lengths[t]);
     for (int64_t i = 0; i < lengths[t]; ++i) {
+      // Local ranks in order make a node's value; nodes in order a rack's
+      // (one switch: a single rack of every node); racks in order the total.
       float total = 0;
-      for (int n = 0; n < nodes; ++n) {
-        float node_value = in[n * local][t][i];
-        for (int l = 1; l < local; ++l) node_value = Combine(op, node_value, in[n * local + l][t][i]);
-        total = n == 0 ? node_value : Combine(op, total, node_value);
+      for (int r = 0; r < nodes / per_rack; ++r) {
+        float rack_value = 0;
+        for (int k = 0; k < per_rack; ++k) {
+          const int n = r * per_rack + k;
+          float node_value = in[n * local][t][i];
+          for (int l = 1; l < local; ++l) node_value = Combine(op, node_value, in[n * local + l][t][i]);
+          rack_value = k == 0 ? node_value : Combine(op, rack_value, node_value);
+        }
+        total = r == 0 ? rack_value : Combine(op, total, rack_value);
       }
       want[i] = op == ReduceOp::kAverage ? total / static_cast<float>(world) : total;
     }
@@ -100,6 +131,16 @@ int main() {
     for (int local : {1, 2, 3}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
         Check(nodes, local, op, call++);
+      }
+    }
+  }
+  // 1-3 racks x 1-3 nodes x 1-2 local ranks through the rack allreduce.
+  for (int racks : {1, 2, 3}) {
+    for (int per_rack : {1, 2, 3}) {
+      for (int local : {1, 2}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+          Check(racks * per_rack, local, op, call++, racks);
+        }
       }
     }
   }

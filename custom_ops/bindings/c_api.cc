@@ -5,7 +5,8 @@
 #include <vector>
 
 #include "../common/reduce_kernels.h"
-#include "runtime.h"
+#include "../engine/runtime.h"
+#include "../transport/mpi_world.h"
 
 namespace {
 thread_local std::string last_error;
@@ -55,9 +56,51 @@ int ddl_local_rank() { return Query([](const ddl::Context& c) { return c.local_r
 int ddl_local_size() { return Query([](const ddl::Context& c) { return c.local_size; }); }
 int ddl_cross_rank() { return Query([](const ddl::Context& c) { return c.cross_rank; }); }
 int ddl_cross_size() { return Query([](const ddl::Context& c) { return c.cross_size; }); }
-// 0 = flat ring over MPI, 1 = one node's shared memory, 2 = hierarchical.
+// 0 = flat ring over MPI, 1 = one node's shared memory, 2 = hierarchical,
+// 3 = racks (the rack allreduce across nodes, shared memory inside them).
 int ddl_allreduce_algorithm() {
-  return Query([](const ddl::Context& c) { return c.node_memory ? (c.hierarchical ? 2 : 1) : 0; });
+  return Query([](const ddl::Context& c) {
+    return c.racks ? 3 : c.node_memory ? (c.hierarchical ? 2 : 1) : 0;
+  });
+}
+
+// The racks the ranks agreed on, as JSON: {"racks": [names], "rack_of_rank":
+// [...], "node_of_rank": [...], "nodes_per_rack": N, "source": "...",
+// "used": true|false, "description": "..."}. Writes at most `capacity`
+// bytes (with the final NUL) and returns the full length, or -1 when not
+// initialised.
+int ddl_topology(char* out, int capacity) {
+  auto engine = ddl::CurrentEngine();
+  if (!engine) return -1;
+  const ddl::Context& c = engine->context();
+  const ddl::Topology& t = c.topology;
+  auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char ch : s) {
+      if (ch == '"' || ch == '\\') q += '\\';
+      if (static_cast<unsigned char>(ch) >= 0x20) q += ch;
+    }
+    return q + "\"";
+  };
+  auto ints = [](const std::vector<int>& v) {
+    std::string a = "[";
+    for (size_t i = 0; i < v.size(); ++i) a += (i ? ", " : "") + std::to_string(v[i]);
+    return a + "]";
+  };
+  std::string names = "[";
+  for (size_t i = 0; i < t.racks.size(); ++i) names += (i ? ", " : "") + quoted(t.racks[i]);
+  names += "]";
+  const std::string json = "{\"racks\": " + names + ", \"rack_of_rank\": " +
+                           ints(t.rack_of_rank) + ", \"node_of_rank\": " + ints(t.node_of_rank) +
+                           ", \"nodes_per_rack\": " + std::to_string(t.nodes_per_rack) +
+                           ", \"source\": " + quoted(t.source) + ", \"used\": " +
+                           (c.racks ? "true" : "false") + ", \"description\": " +
+                           quoted(t.Describe()) + "}";
+  if (capacity > 0) {
+    std::strncpy(out, json.c_str(), capacity - 1);
+    out[capacity - 1] = '\0';
+  }
+  return static_cast<int>(json.size());
 }
 
 // Collective over every rank: a process set of the `n` world ranks in
@@ -92,7 +135,8 @@ int ddl_timeline_mark(const char* label) {
 }
 
 // Bytes moved by this rank: [intra-node, cross-node, flat ring, results
-// delivered in shared-memory outputs, sent by alltoall]. Returns 0,
+// delivered in shared-memory outputs, sent by alltoall, allreduced over
+// racks with one rank per node]. Returns 0,
 // or -1 when not initialised.
 int ddl_traffic(uint64_t* out) {
   auto engine = ddl::CurrentEngine();
@@ -102,6 +146,7 @@ int ddl_traffic(uint64_t* out) {
   out[2] = engine->traffic().flat_bytes.load();
   out[3] = engine->traffic().shared_output_bytes.load();
   out[4] = engine->traffic().alltoall_bytes.load();
+  out[5] = engine->traffic().rack_bytes.load();
   return 0;
 }
 
@@ -117,13 +162,9 @@ float ddl_bfloat16_to_float(uint16_t b) { return ddl::BFloat16ToFloat(b); }
 
 }  // extern "C"
 
-#include <mpi.h>
-
 extern "C" int ddl_mpi_library_version(char* out, int capacity) {
-  char version[MPI_MAX_LIBRARY_VERSION_STRING];
-  int length = 0;
-  MPI_Get_library_version(version, &length);
-  std::strncpy(out, version, capacity - 1);
+  const std::string version = ddl::MpiLibraryVersion();
+  std::strncpy(out, version.c_str(), capacity - 1);
   out[capacity - 1] = '\0';
-  return length;
+  return static_cast<int>(version.size());
 }

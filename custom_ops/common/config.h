@@ -1,14 +1,18 @@
 // The DDL_* environment knobs, parsed and validated once at init. A bad
 // value is an error naming the variable and the value, never a silent default.
+// Each field's variable, range and scope are a row of keras_ddl/settings.def,
+// the table config.cc and the ddlrun launcher both read.
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "../common/types.h"
+#include "types.h"
 
 namespace ddl {
 
-enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical };
+enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical, kRacks };
 // How the engine thread claims its core (engine/thread_priority.h); kAuto
 // is kHigh when the job spans several nodes, kNormal on one.
 enum class EnginePriority { kNormal, kHigh, kAuto };
@@ -32,6 +36,13 @@ struct Config {
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);
+
+  // The settings every rank must share, as (variable, effective value):
+  // those that change what goes on the wire or which group operations a
+  // node runs (fusion batches, cache slots, the allreduce path, node
+  // groups, the shared result pool). The others (timeline path, engine
+  // priority, spin polls, timeouts, cycle time) may differ per rank.
+  std::vector<std::pair<std::string, std::string>> SharedSettings() const;
 };
 
 }  // namespace ddl

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime.h"
+#include "../engine/runtime.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../transport/control_plane.h"
-#include "config.h"
+#include "../common/config.h"
 #include "coordinator.h"
 #include "message.h"
 #include "response_cache.h"

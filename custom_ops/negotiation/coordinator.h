@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "config.h"
+#include "../common/config.h"
 #include "message.h"
 #include "response_cache.h"
 

@@ -1,0 +1,124 @@
+#include "config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+namespace ddl {
+
+namespace {
+
+// The scope column of the settings table.
+constexpr bool SHARED = true;
+constexpr bool PER_RANK = false;
+
+Status Invalid(const char* var, const char* value, const std::string& expected) {
+  return Status::InvalidArgument(std::string("environment variable ") + var + "='" + value +
+                                 "' is invalid: expected " + expected);
+}
+
+// Parses a finite number within [low, high]; unset leaves *out unchanged.
+Status ReadNumber(const char* var, double low, double high, const std::string& expected,
+                  double* out) {
+  const char* value = std::getenv(var);
+  if (value == nullptr) return Status::Ok();
+  char* end = nullptr;
+  errno = 0;
+  double parsed = std::strtod(value, &end);
+  if (end == value || *end != '\0' || errno != 0 || !std::isfinite(parsed) || parsed < low ||
+      parsed > high) {
+    return Invalid(var, value, expected);
+  }
+  *out = parsed;
+  return Status::Ok();
+}
+
+// ReadNumber, for a whole number.
+Status ReadWhole(const char* var, double low, double high, const std::string& expected,
+                 int* out) {
+  double parsed = *out;
+  Status s = ReadNumber(var, low, high, expected, &parsed);
+  if (!s.ok()) return s;
+  if (parsed != std::floor(parsed)) return Invalid(var, std::getenv(var), expected);
+  *out = static_cast<int>(parsed);
+  return Status::Ok();
+}
+
+std::vector<std::string> Words(const char* words) {
+  std::istringstream in(words);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// One of `words` (space-separated, in the order of Enum's values).
+template <typename Enum>
+Status ReadChoice(const char* var, const char* words, const std::string& expected, Enum* out) {
+  const char* value = std::getenv(var);
+  if (value == nullptr) return Status::Ok();
+  const std::vector<std::string> choices = Words(words);
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (choices[i] == value) {
+      *out = static_cast<Enum>(i);
+      return Status::Ok();
+    }
+  }
+  return Invalid(var, value, expected);
+}
+
+std::string Show(double value, double, double) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", value);
+  return text;
+}
+// A whole number below its range is the default that means "unset".
+std::string Show(int value, double low, double) {
+  return value < low ? "unset" : std::to_string(value);
+}
+template <typename Enum>
+std::string ShowChoice(const char* words, Enum value) {
+  return Words(words).at(static_cast<size_t>(value));
+}
+
+}  // namespace
+
+Status Config::FromEnvironment(Config* c) {
+  Status s;
+  // One step per row of the table, in its order: the first bad value is
+  // the one reported.
+#define DDL_NUMBER(var, field, low, high, expected, scope) \
+  if (!(s = ReadNumber(#var, low, high, expected, &c->field)).ok()) return s;
+#define DDL_WHOLE(var, field, low, high, expected, scope) \
+  if (!(s = ReadWhole(#var, low, high, expected, &c->field)).ok()) return s;
+#define DDL_CHOICE(var, field, words, expected, scope) \
+  if (!(s = ReadChoice(#var, words, expected, &c->field)).ok()) return s;
+#define DDL_TEXT(var, field, expected, scope) \
+  if (const char* value = std::getenv(#var)) c->field = value;
+#include "../../keras_ddl/settings.def"
+#undef DDL_NUMBER
+#undef DDL_WHOLE
+#undef DDL_CHOICE
+#undef DDL_TEXT
+  return Status::Ok();
+}
+
+std::vector<std::pair<std::string, std::string>> Config::SharedSettings() const {
+  std::vector<std::pair<std::string, std::string>> out;
+#define DDL_NUMBER(var, field, low, high, expected, scope) \
+  if (scope) out.emplace_back(#var, Show(field, low, high));
+#define DDL_WHOLE DDL_NUMBER
+#define DDL_CHOICE(var, field, words, expected, scope) \
+  if (scope) out.emplace_back(#var, ShowChoice(words, field));
+#define DDL_TEXT(var, field, expected, scope) \
+  if (scope) out.emplace_back(#var, field);
+#include "../../keras_ddl/settings.def"
+#undef DDL_NUMBER
+#undef DDL_WHOLE
+#undef DDL_CHOICE
+#undef DDL_TEXT
+  return out;
+}
+
+}  // namespace ddl

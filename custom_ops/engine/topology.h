@@ -1,0 +1,66 @@
+// Which rack each rank is in, as a real cluster tells it (docs/topology.md).
+//
+// Each rank reads its own environment:
+//   DDL_TOPOLOGY   "RACK=HOST,HOST;RACK=HOST,...": racks by host name (what
+//                  ddlrun -H host:slots@rack and a hostfile's rack column
+//                  become); "none" for one switch whatever Slurm says;
+//   SLURM_TOPOLOGY_ADDR / SLURM_TOPOLOGY_ADDR_PATTERN
+//                  Slurm's tree topology: "core.rack1.node3" with
+//                  "switch.switch.node"; the rack is the switch path above
+//                  the node (here "core.rack1");
+// in that order; with neither, one switch (no racks). Then every rank
+// offers what it saw to rank 0, which either builds the topology or names
+// the ranks that disagree and what each saw, and tells every rank the
+// same verdict: a disagreement is an error on every rank, never a hang.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../common/types.h"
+#include "../transport/control_plane.h"
+
+namespace ddl {
+
+// What one rank learned from its environment.
+struct RackPlace {
+  std::string host;    // this rank's host name
+  std::string rack;    // empty: no rack known (one switch)
+  std::string source;  // "DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR" or "" (none)
+  std::string setting; // the value it came from (the whole DDL_TOPOLOGY text)
+  std::string error;   // the environment could not be read; empty if fine
+};
+
+// Reads the variables above through `getenv` (nullptr when unset) for a
+// process on `host`. Never fails: a malformed value is put in `error`, so
+// that every rank hears of it in the agreement.
+RackPlace DetectRack(const std::function<const char*(const char*)>& getenv,
+                     const std::string& host);
+
+// The agreed topology. Racks are numbered by their lowest rank, nodes by
+// their lowest rank too, so every rank numbers them alike.
+struct Topology {
+  std::vector<std::string> racks;   // names; one entry "" without racks
+  std::vector<int> rack_of_rank;    // index into racks, per rank
+  std::vector<int> node_of_rank;    // index of the rank's node in the job
+  std::vector<int> rack_of_node;    // index into racks, per node
+  std::string source;               // as in RackPlace
+  // Nodes in each rack when every rack has as many, otherwise 0.
+  int nodes_per_rack = 0;
+  int num_racks() const { return static_cast<int>(racks.size()); }
+  // "2 racks x 4 nodes (SLURM_TOPOLOGY_ADDR): rack1 = ranks 0-3, ..."
+  std::string Describe() const;
+};
+
+// Every rank of `world` calls it with what it saw and the id of its node
+// (the same for ranks sharing a node, e.g. the world rank of its local
+// rank 0). On error every rank gets the same message naming the ranks and
+// what each saw.
+Status AgreeOnTopology(ControlPlane& world, const RackPlace& mine, int64_t node_id,
+                       Topology* out);
+
+// "0-3, 6, 9-10": ranks, runs collapsed.
+std::string RankRuns(const std::vector<int>& ranks);
+
+}  // namespace ddl

@@ -1,0 +1,23 @@
+// Every message tag of the core, in one place: messages between the same
+// two ranks of one group match by tag, so two users of a group must never
+// share one. Algorithms take the 100s, the engine's failure diagnosis the
+// 7000s.
+#pragma once
+
+namespace ddl {
+
+constexpr int kTagReduceScatter = 101;  // algorithms/ring.cc
+constexpr int kTagAllgather = 102;      // algorithms/ring.cc
+constexpr int kTagPairwise = 103;       // algorithms/pairwise.cc
+constexpr int kTagDirect = 104;         // algorithms/allreduce.cc
+constexpr int kTagCounts = 105;         // algorithms/alltoall.cc: the row counts
+constexpr int kTagAlltoall = 106;       // algorithms/alltoall.cc: the rows
+constexpr int kTagRackScatter = 111;    // algorithms/rack_allreduce.cc: A, inside the rack
+constexpr int kTagAcrossScatter = 112;  // algorithms/rack_allreduce.cc: B, across racks
+constexpr int kTagAcrossGather = 113;   // algorithms/rack_allreduce.cc: C, across racks
+constexpr int kTagRackGather = 114;     // algorithms/rack_allreduce.cc: D, inside the rack
+constexpr int kTagRackExchange = 115;   // algorithms/rack_allreduce.cc: small calls
+constexpr int kProbeTag = 7001;         // engine/engine.cc: "I am alive" to rank 0
+constexpr int kVerdictTag = 7002;       // engine/engine.cc: rank 0's verdict
+
+}  // namespace ddl

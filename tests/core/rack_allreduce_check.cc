@@ -1,0 +1,160 @@
+// The rack allreduce (algorithms/rack_allreduce.h) with threads as ranks:
+// R racks x N nodes, one group per rack and one per column across racks
+// (tests/core/in_process.h). Element counts around piece and segment
+// boundaries, pieces from one element per message to whole, messages
+// limited to a few bytes so the pipeline runs many steps. Checked against
+// the promised order computed here from the inputs (each rack's nodes in
+// node order, then the racks in rack order; one division for Average):
+// bitwise on every rank, so also identical across ranks and independent
+// of the piece size. Also checks the choice rule. Prints
+// "<N> checks, <F> failures".
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "algorithms/rack_allreduce.h"
+#include "check.h"
+#include "in_process.h"
+
+using namespace ddl;
+using ddl_test::Expect;
+using ddl_test::InProcessGroup;
+using ddl_test::InProcessRank;
+
+namespace {
+
+template <typename T>
+T Combine(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::kMax: return a < b ? b : a;
+    case ReduceOp::kMin: return b < a ? b : a;
+    case ReduceOp::kProduct: return a * b;
+    default: return a + b;
+  }
+}
+
+template <typename T> DataType TypeOf();
+template <> DataType TypeOf<float>() { return DataType::kFloat32; }
+template <> DataType TypeOf<double>() { return DataType::kFloat64; }
+template <> DataType TypeOf<int32_t>() { return DataType::kInt32; }
+
+// in[rank], rank = rack * nodes + node.
+template <typename T>
+std::vector<T> Expected(const std::vector<std::vector<T>>& in, int racks, int nodes, ReduceOp op) {
+  const size_t count = in.empty() ? 0 : in[0].size();
+  std::vector<T> want(count);
+  for (size_t i = 0; i < count; ++i) {
+    T total = 0;
+    for (int r = 0; r < racks; ++r) {
+      T rack_value = in[r * nodes][i];
+      for (int n = 1; n < nodes; ++n) rack_value = Combine(op, rack_value, in[r * nodes + n][i]);
+      total = r == 0 ? rack_value : Combine(op, total, rack_value);
+    }
+    want[i] = op == ReduceOp::kAverage ? total / static_cast<T>(racks * nodes) : total;
+  }
+  return want;
+}
+
+enum class Run { kSchedule, kExchange, kGrid };
+
+template <typename T>
+void Check(int racks, int nodes, int64_t count, ReduceOp op, size_t max_message,
+           size_t piece_bytes, std::mt19937& rng, Run run = Run::kSchedule) {
+  const int world = racks * nodes;
+  std::uniform_real_distribution<double> real(-1, 1);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<std::vector<T>> data(world, std::vector<T>(count));
+  for (auto& v : data) {
+    for (auto& x : v) x = std::is_integral<T>::value ? T(small(rng)) : T(real(rng));
+  }
+  const std::vector<T> want = Expected(data, racks, nodes, op);
+
+  std::vector<std::unique_ptr<InProcessGroup>> rack_groups, columns;
+  for (int r = 0; r < racks; ++r) rack_groups.push_back(std::make_unique<InProcessGroup>(nodes, max_message));
+  for (int n = 0; n < nodes; ++n) columns.push_back(std::make_unique<InProcessGroup>(racks, max_message));
+  InProcessGroup everyone(world, max_message);
+  std::vector<std::string> ran(world);
+  everyone.Run([&](int w) {
+    const int r = w / nodes, n = w % nodes;
+    InProcessRank rack(*rack_groups[r], n);
+    InProcessRank across(*columns[n], r);
+    InProcessRank all(everyone, w);
+    if (run == Run::kSchedule) {
+      RackAllreduce(rack, across, data[w].data(), count, TypeOf<T>(), op, piece_bytes);
+    } else if (run == Run::kExchange) {
+      RackOrderedExchange(all, nodes, data[w].data(), count, TypeOf<T>(), op);
+    } else {
+      ran[w] = RackGridAllreduce({&all, &rack, &across}, data[w].data(), count, TypeOf<T>(), op,
+                                 piece_bytes);
+    }
+    // Every message within the limit (the harness throws otherwise) and
+    // a bounded number in flight: on each group two pieces in each of
+    // its two rounds (A and D, or B and C), a send and a receive per peer.
+    Expect(rack.max_outstanding() <= 8 * (nodes - 1) &&
+               across.max_outstanding() <= 8 * (racks - 1),
+           "rack allreduce keeps at most two pieces per round in flight");
+    Expect(rack.empty_messages() == 0 && across.empty_messages() == 0,
+           "rack allreduce sends no empty messages");
+  });
+  if (run == Run::kGrid && world > 1 && count > 0) {
+    // The one-round exchange exactly while the bytes it sends per rank
+    // stay within its limit.
+    const bool small = (world - 1) * count * sizeof(T) <= kRackDirectExchangeBytes;
+    Expect(ran[0] == (small ? "RACK_ORDERED_EXCHANGE" : "RACK_ALLREDUCE"),
+           "the grid allreduce of " + std::to_string(count * sizeof(T)) + " bytes over " +
+               std::to_string(world) + " ranks ran " + ran[0]);
+  }
+  const std::string label = std::string(run == Run::kSchedule   ? "schedule "
+                                         : run == Run::kExchange ? "exchange "
+                                                                 : "grid ") +
+                            std::to_string(racks) + " racks x " + std::to_string(nodes) +
+                            " nodes count=" + std::to_string(count) + " " + ReduceOpName(op) +
+                            " max_message=" + std::to_string(max_message) +
+                            " piece=" + std::to_string(piece_bytes);
+  for (int w = 0; w < world; ++w) {
+    const bool same = count == 0 ||
+                      std::memcmp(want.data(), data[w].data(), count * sizeof(T)) == 0;
+    Expect(same, label + " rank " + std::to_string(w) + " is not the nodes-then-racks result");
+  }
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(2027);
+  const std::vector<int64_t> counts = {0, 1, 5, 17, 1001};
+  for (int racks = 1; racks <= 3; ++racks) {
+    for (int nodes = 1; nodes <= 3; ++nodes) {
+      for (int64_t count : counts) {
+        // 8-byte messages with 12-byte pieces: a pipeline of many steps
+        // with segments of 0-1 elements; 40 / 256: a few elements each;
+        // 1 MB: one piece for every count here.
+        for (auto [max_message, piece] : {std::pair<size_t, size_t>{8, 12}, {40, 256},
+                                          {size_t(1) << 20, size_t(1) << 20}}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+            Check<float>(racks, nodes, count, op, max_message, piece, rng);
+          }
+          Check<double>(racks, nodes, count, ReduceOp::kSum, max_message, piece, rng);
+          Check<int32_t>(racks, nodes, count, ReduceOp::kProduct, max_message, piece, rng);
+        }
+      }
+    }
+  }
+  // The exchange, and the choice between it and the schedule: both give
+  // the same order, so a tensor's bits do not depend on which one its
+  // fused call took. 20000 floats over 2+ ranks is above the exchange's
+  // limit.
+  for (int racks = 1; racks <= 3; ++racks) {
+    for (int nodes = 1; nodes <= 3; ++nodes) {
+      for (int64_t count : {int64_t(0), int64_t(7), int64_t(1001), int64_t(20000)}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin}) {
+          Check<float>(racks, nodes, count, op, 40, 256, rng, Run::kExchange);
+          Check<float>(racks, nodes, count, op, size_t(1) << 20, 4096, rng, Run::kGrid);
+        }
+      }
+    }
+  }
+  return ddl_test::Summary();
+}

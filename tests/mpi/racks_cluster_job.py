@@ -1,0 +1,67 @@
+"""On the test cluster with racks (2 racks x 2 nodes x 1 rank, Slurm's
+variables from the ssh stand-in): the ranks learn the racks, the results
+are bitwise in the nodes-then-racks order on every rank, and three 16 MB
+allreduces give the uplinks their bytes (tests/test_racks_cluster.py
+compares them with the uplinks' counters). Run under mpiexec on the
+cluster; prints DDLCASE lines and each rank's traffic."""
+
+import socket
+import sys
+
+import numpy as np
+from harness import case, run_cases
+from mpi4py import MPI
+
+import keras_ddl as ddl
+
+COMM = MPI.COMM_WORLD
+
+
+@case
+def racks_learnt_from_slurm():
+    topo = ddl.topology()
+    # The stand-in puts node1, node2 in rack1 and node3, node4 in rack2.
+    assert topo["racks"] == ["core.rack1", "core.rack2"], topo
+    assert topo["rack_of_rank"] == [0, 0, 1, 1] and topo["used"], topo
+    assert ddl.allreduce_algorithm() == "racks", ddl.allreduce_algorithm()
+    host = socket.gethostname()
+    assert topo["rack_of_rank"][ddl.rank()] == (0 if host in ("node1", "node2") else 1), host
+
+
+@case
+def results_in_rack_order_on_every_rank():
+    import tensorflow as tf
+    # Every rank makes every rank's inputs (seeded by rank), so no bulk
+    # traffic but keras_ddl's crosses the links. One call for the one-round
+    # exchange, one for the pipelined schedule, and both fused.
+    def inputs(r):
+        rng = np.random.default_rng(7 + r)
+        return [rng.uniform(-1, 1, n).astype(np.float32) for n in (999, 700001)]
+    everyone = [inputs(r) for r in range(4)]
+    xs = everyone[ddl.rank()]
+    singles = [ddl.allreduce(tf.constant(x), op=ddl.Sum, name=f"rack.single.{i}").numpy()
+               for i, x in enumerate(xs)]
+    fused = [t.numpy() for t in ddl.grouped_allreduce([tf.constant(x) for x in xs], op=ddl.Sum,
+                                                      name="rack.fused")]
+    for i in range(len(xs)):
+        e = [everyone[r][i] for r in range(4)]
+        want = (e[0] + e[1]) + (e[2] + e[3])
+        for label, got in (("single", singles[i]), ("fused", fused[i])):
+            assert got.tobytes() == want.tobytes(), \
+                f"{label} {i}: {int(np.sum(got != want))} elements differ from ((x0+x1)+(x2+x3))"
+    import hashlib
+    digests = COMM.allgather(hashlib.sha256(b"".join(s.tobytes() for s in singles)).digest())
+    assert all(d == digests[0] for d in digests), "ranks hold different bits"
+
+
+@case
+def three_16mb_allreduces():
+    import tensorflow as tf
+    x = tf.ones([4 << 20], tf.float32)
+    for i in range(3):
+        out = ddl.allreduce(x, op=ddl.Sum, name=f"rack.big.{i}")
+    assert float(out[0]) == 4.0 and float(out[-1]) == 4.0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases())

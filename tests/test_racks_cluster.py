@@ -1,0 +1,63 @@
+"""Racks on the test cluster: one launch of 2 racks x 2 nodes x 1 rank
+(node links 400 Mbit/s, uplinks 100 Mbit/s; tests/mpi/racks_cluster_job.py).
+The ranks learn their racks from Slurm's variables, results are bitwise in
+the promised order, and each uplink carried what the rack allreduce must
+send across it, 2(R-1)/R of the buffer per rack, and not much more: a flat
+schedule over the 4 nodes would send about 1.75x that (pairwise
+reduce-scatter: half of every buffer; ring all-gather: three quarters)."""
+
+import json
+import os
+import re
+import sys
+
+import pytest
+from conftest import MPI_DIR, _launch, mpiexec_path, parse_cases
+
+CASES = ["racks_learnt_from_slurm", "results_in_rack_order_on_every_rank", "three_16mb_allreduces"]
+_RUN = {}
+
+
+def racks_run():
+    if "run" in _RUN:
+        return _RUN["run"]
+    from keras_ddl.cluster import MPI_ENV, NetnsCluster, missing_requirements
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+    with NetnsCluster(2, "400mbit", racks=2, uplink="100mbit") as cluster:
+        argv = [mpiexec_path(), *cluster.mpiexec_args(1), "-n", "4", sys.executable,
+                os.path.join(MPI_DIR, "racks_cluster_job.py")]
+        before = cluster.uplink_bytes()
+        proc = _launch(argv, dict(MPI_ENV, DDL_TEST_REPORT_TRAFFIC="1"), 400)
+        after = cluster.uplink_bytes()
+    uplinks = [(o1 - o0, i1 - i0) for (o0, i0), (o1, i1) in zip(before, after)]
+    _RUN["run"] = (proc, parse_cases(proc), uplinks)
+    return _RUN["run"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_racks_on_the_cluster(name):
+    proc, results, _ = racks_run()
+    per_rank = results.get(name)
+    assert per_rank is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(per_rank) == [0, 1, 2, 3], per_rank
+    failures = [f"rank {r}: {res['detail']}" for r, res in per_rank.items() if not res["ok"]]
+    assert not failures, "\n".join(failures)
+
+
+def test_uplinks_carried_what_the_rack_allreduce_sends_across():
+    proc, _, uplinks = racks_run()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(m.group(1)) for m in re.finditer(r"^DDLTRAFFIC (.*)$", proc.stdout,
+                                                           re.MULTILINE)]
+    assert len(records) == 4, proc.stdout[-2000:]
+    assert all(r["algorithm"] == "racks" for r in records), records
+    # Every rank's rack_bytes counts the buffers it allreduced; each node
+    # sends 2(R-1)/R of 1/N of them through its rack's uplink.
+    racks, per_rack = 2, 2
+    payload = records[0]["rack_bytes"] * 2 * (racks - 1) / racks
+    assert payload > 48e6, records  # the three 16 MB calls at least
+    for rack, (out, arrived) in enumerate(uplinks):
+        assert payload <= out <= 1.25 * payload, (rack, out, arrived, payload)
+        assert payload <= arrived <= 1.25 * payload, (rack, out, arrived, payload)
