@@ -17,107 +17,142 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
   PhaseClock clock;
   const size_t elem = DataTypeSize(dtype);
   const SpanWalker walker(spans, elem);
-  const int n = arena_.size();
-  const int me = arena_.rank();
-  const int slots = arena_.slots_per_rank();
   const int64_t chunk_elems = static_cast<int64_t>(arena_.slot_bytes() / elem);
-  const bool across = racks_ ? grid_.all->size() > 1 : cross_ != nullptr && cross_->size() > 1;
-  // Across nodes the slice is summed first and divided once at the end.
-  const ReduceOp cross_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
-
+  // Each chunk of at most one slot passes through the four phases; chunks
+  // of successive calls continue the count (chunks_done_), as the slots do.
   for (int64_t first = 0; first < walker.total(); first += chunk_elems) {
-    const int64_t count = std::min(chunk_elems, walker.total() - first);
-    const uint64_t k = chunks_done_++;
-    const int slot = static_cast<int>(k % slots);
-    // The slot last held chunk k - slots; wait until every rank copied it out.
-    if (k >= static_cast<uint64_t>(slots)) arena_.WaitForAll(ShmArena::kConsumed, k - slots + 1);
-    const std::vector<int64_t> slice = EvenSegments(count, n);
-    std::vector<int64_t> offset(n + 1, 0);
-    for (int i = 0; i < n; ++i) offset[i + 1] = offset[i] + slice[i];
-    char* const own_slot = arena_.Slot(me, slot);
-    // Only the other ranks' slices are copied in: this rank reduces its own
-    // slice straight from its input, which saves a pass over 1/n of it.
-    walker.Gather(first, offset[me], own_slot);
-    walker.Gather(first + offset[me + 1], count - offset[me + 1], own_slot + offset[me + 1] * elem);
-    arena_.Publish(ShmArena::kPosted, k + 1);
+    const Chunk c = StartChunk(first, std::min(chunk_elems, walker.total() - first));
+    CopyIn(walker, c);
     clock.Lap(t.copy_in);
-
-    char* mine = own_slot + offset[me] * elem;
-    arena_.WaitForAll(ShmArena::kPosted, k + 1);
-    // Each slice has one owner, so every rank later copies out identical
-    // bytes. The owner combines the local ranks' values in rank order
-    // ((x0 + x1) + x2) + ..., whoever it is, so an element's result does
-    // not depend on which slice it falls in: the same tensors give the same
-    // bits however they are fused into chunks (x1 + x0 == x0 + x1 exactly).
-    const int64_t own_first = first + offset[me];
-    auto from = [&](int i) { return arena_.Slot(i, slot) + offset[me] * elem; };
-    if (slice[me] > 0) {
-      if (n == 1) {
-        walker.Gather(own_first, slice[me], mine);
-      } else if (me < 2) {
-        walker.ReduceFromInput(own_first, slice[me], mine, from(1 - me), dtype, op);
-      } else {
-        ReduceTo(mine, from(0), from(1), slice[me], dtype, op);
-      }
-      for (int i = 2; i < n; ++i) {
-        if (i == me) {
-          walker.ReduceFromInput(own_first, slice[me], mine, nullptr, dtype, op);
-        } else {
-          ReduceInto(mine, from(i), slice[me], dtype, op);
-        }
-      }
-    }
+    char* mine = ReduceOwnSlice(walker, c, dtype, op);
     clock.Lap(t.reduce_scatter);
-    if (across && slice[me] > 0) {
-      // In another wire dtype the slice is converted per chunk, so while
-      // this rank converts, the other local ranks' slices are on the network.
-      const size_t wire_bytes = slice[me] * DataTypeSize(wire);
-      char* sent = mine;
-      if (wire != dtype) {
-        if (wire_slice_.size() < wire_bytes) wire_slice_.resize(wire_bytes);
-        sent = wire_slice_.data();
-        Convert(sent, wire, mine, dtype, slice[me]);
-      }
-      if (racks_) {
-        // Pieces of an eighth of the slice keep the schedule's four stages
-        // overlapped within this chunk.
-        const size_t piece = std::clamp<size_t>(wire_bytes / 8, 64 << 10, kRackPieceBytes);
-        RackGridAllreduce(grid_, sent, slice[me], wire, cross_op, piece);
-      } else {
-        ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, sent, slice[me], wire, cross_op);
-      }
-      if (wire != dtype) Convert(mine, dtype, sent, wire, slice[me]);
-      traffic_.cross_node_bytes += wire_bytes;
-    }
+    CrossNode(mine, c.slice[arena_.rank()], dtype, wire, op);
     clock.Lap(t.cross_node);
-    if (op == ReduceOp::kAverage) DivideBy(mine, slice[me], dtype, world_size_);
-    traffic_.intra_node_bytes += 2 * count * elem;
+    if (op == ReduceOp::kAverage) DivideBy(mine, c.slice[arena_.rank()], dtype, world_size_);
+    traffic_.intra_node_bytes += 2 * c.count * elem;
     if (into != nullptr) {
-      // The slice goes from this rank's cache straight to its place in the
-      // result; having reduced it, this rank is done with every slot of
-      // chunk k.
-      walker.Walk(own_first, slice[me],
-                  [&](size_t i, const Span&, int64_t e, int64_t m, int64_t done) {
-                    std::memcpy(into->block + (*into->at)[i] + e * elem, mine + done * elem,
-                                m * elem);
-                  });
-      arena_.Publish(ShmArena::kReduced, k + 1);
-      arena_.Publish(ShmArena::kConsumed, k + 1);
-      clock.Lap(t.all_gather);
-      continue;
+      WriteOwnSlice(walker, c, mine, *into);
+    } else {
+      CopyOut(walker, c);
     }
-    arena_.Publish(ShmArena::kReduced, k + 1);
-
-    arena_.WaitForAll(ShmArena::kReduced, k + 1);
-    for (int i = 0; i < n; ++i) {
-      walker.Scatter(first + offset[i], slice[i], arena_.Slot(i, slot) + offset[i] * elem);
-    }
-    arena_.Publish(ShmArena::kConsumed, k + 1);
     clock.Lap(t.all_gather);
   }
   // Every owner has written its slices of every chunk.
   if (into != nullptr && walker.total() > 0) arena_.WaitForAll(ShmArena::kReduced, chunks_done_);
   clock.Lap(t.all_gather);
+}
+
+NodeAllreduce::Chunk NodeAllreduce::StartChunk(int64_t first, int64_t count) {
+  Chunk c;
+  c.first = first;
+  c.count = count;
+  c.k = chunks_done_++;
+  c.slot = static_cast<int>(c.k % arena_.slots_per_rank());
+  // The slot last held chunk k - slots; wait until every rank copied it out.
+  const uint64_t slots = static_cast<uint64_t>(arena_.slots_per_rank());
+  if (c.k >= slots) arena_.WaitForAll(ShmArena::kConsumed, c.k - slots + 1);
+  const int n = arena_.size();
+  c.slice = EvenSegments(count, n);
+  c.offset.assign(n + 1, 0);
+  for (int i = 0; i < n; ++i) c.offset[i + 1] = c.offset[i] + c.slice[i];
+  return c;
+}
+
+void NodeAllreduce::CopyIn(const SpanWalker& walker, const Chunk& c) {
+  const int me = arena_.rank();
+  const size_t elem = walker.elem_size();
+  char* const own_slot = arena_.Slot(me, c.slot);
+  // Only the other ranks' slices are copied in: this rank reduces its own
+  // slice straight from its input, which saves a pass over 1/n of it.
+  walker.Gather(c.first, c.offset[me], own_slot);
+  walker.Gather(c.first + c.offset[me + 1], c.count - c.offset[me + 1],
+                own_slot + c.offset[me + 1] * elem);
+  arena_.Publish(ShmArena::kPosted, c.k + 1);
+}
+
+char* NodeAllreduce::ReduceOwnSlice(const SpanWalker& walker, const Chunk& c, DataType dtype,
+                                    ReduceOp op) {
+  const int n = arena_.size();
+  const int me = arena_.rank();
+  const size_t elem = walker.elem_size();
+  char* mine = arena_.Slot(me, c.slot) + c.offset[me] * elem;
+  arena_.WaitForAll(ShmArena::kPosted, c.k + 1);
+  // Each slice has one owner, so every rank later copies out identical
+  // bytes. The owner combines the local ranks' values in rank order
+  // ((x0 + x1) + x2) + ..., whoever it is, so an element's result does
+  // not depend on which slice it falls in: the same tensors give the same
+  // bits however they are fused into chunks (x1 + x0 == x0 + x1 exactly).
+  const int64_t own_first = c.first + c.offset[me];
+  const int64_t m = c.slice[me];
+  auto from = [&](int i) { return arena_.Slot(i, c.slot) + c.offset[me] * elem; };
+  if (m == 0) return mine;
+  if (n == 1) {
+    walker.Gather(own_first, m, mine);
+  } else if (me < 2) {
+    walker.ReduceFromInput(own_first, m, mine, from(1 - me), dtype, op);
+  } else {
+    ReduceTo(mine, from(0), from(1), m, dtype, op);
+  }
+  // Ranks 0 and 1 are in; the rest follow in rank order.
+  for (int i = 2; i < n; ++i) {
+    if (i == me) {
+      walker.ReduceFromInput(own_first, m, mine, nullptr, dtype, op);
+    } else {
+      ReduceInto(mine, from(i), m, dtype, op);
+    }
+  }
+  return mine;
+}
+
+void NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataType wire,
+                              ReduceOp op) {
+  const bool across = racks_ ? grid_.all->size() > 1 : cross_ != nullptr && cross_->size() > 1;
+  if (!across || count == 0) return;
+  // Across nodes the slice is summed first and divided once at the end.
+  const ReduceOp cross_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  // In another wire dtype the slice is converted per chunk, so while this
+  // rank converts, the other local ranks' slices are on the network.
+  const size_t wire_bytes = count * DataTypeSize(wire);
+  char* sent = mine;
+  if (wire != dtype) {
+    if (wire_slice_.size() < wire_bytes) wire_slice_.resize(wire_bytes);
+    sent = wire_slice_.data();
+    Convert(sent, wire, mine, dtype, count);
+  }
+  if (racks_) {
+    // Pieces of an eighth of the slice keep the schedule's four stages
+    // overlapped within this chunk.
+    const size_t piece = std::clamp<size_t>(wire_bytes / 8, 64 << 10, kRackPieceBytes);
+    RackGridAllreduce(grid_, sent, count, wire, cross_op, piece);
+  } else {
+    ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, sent, count, wire, cross_op);
+  }
+  if (wire != dtype) Convert(mine, dtype, sent, wire, count);
+  traffic_.cross_node_bytes += wire_bytes;
+}
+
+void NodeAllreduce::WriteOwnSlice(const SpanWalker& walker, const Chunk& c, const char* mine,
+                                  const SharedResult& into) {
+  const int me = arena_.rank();
+  const size_t elem = walker.elem_size();
+  // The slice goes from this rank's cache straight to its place in the
+  // result; having reduced it, this rank is done with every slot of chunk k.
+  walker.Walk(c.first + c.offset[me], c.slice[me],
+              [&](size_t i, const Span&, int64_t e, int64_t m, int64_t done) {
+                std::memcpy(into.block + (*into.at)[i] + e * elem, mine + done * elem, m * elem);
+              });
+  arena_.Publish(ShmArena::kReduced, c.k + 1);
+  arena_.Publish(ShmArena::kConsumed, c.k + 1);
+}
+
+void NodeAllreduce::CopyOut(const SpanWalker& walker, const Chunk& c) {
+  const size_t elem = walker.elem_size();
+  arena_.Publish(ShmArena::kReduced, c.k + 1);
+  arena_.WaitForAll(ShmArena::kReduced, c.k + 1);
+  for (int i = 0; i < arena_.size(); ++i) {
+    walker.Scatter(c.first + c.offset[i], c.slice[i], arena_.Slot(i, c.slot) + c.offset[i] * elem);
+  }
+  arena_.Publish(ShmArena::kConsumed, c.k + 1);
 }
 
 }  // namespace ddl

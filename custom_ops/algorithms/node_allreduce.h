@@ -72,6 +72,24 @@ class NodeAllreduce {
            NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr);
 
  private:
+  // One chunk of a call: at most one slot, split into one slice per local
+  // rank (slice[i] elements at offset[i]), the k-th chunk of the arena.
+  struct Chunk {
+    uint64_t k = 0;
+    int slot = 0;
+    int64_t first = 0, count = 0;  // elements of the call's spans
+    std::vector<int64_t> slice, offset;
+  };
+  // A chunk's phases, in order.
+  Chunk StartChunk(int64_t first, int64_t count);
+  void CopyIn(const SpanWalker& walker, const Chunk& c);
+  // Returns this rank's reduced slice, in its slot.
+  char* ReduceOwnSlice(const SpanWalker& walker, const Chunk& c, DataType dtype, ReduceOp op);
+  void CrossNode(char* mine, int64_t count, DataType dtype, DataType wire, ReduceOp op);
+  void WriteOwnSlice(const SpanWalker& walker, const Chunk& c, const char* mine,
+                     const SharedResult& into);
+  void CopyOut(const SpanWalker& walker, const Chunk& c);
+
   ShmArena& arena_;
   Transport* cross_;
   RackGrid grid_{};

@@ -33,6 +33,8 @@ class SpanWalker {
     }
     starts_.push_back(total);
   }
+
+  size_t elem_size() const { return elem_; }
   int64_t total() const { return starts_.back(); }
 
   void Gather(int64_t first, int64_t count, char* dst) const {

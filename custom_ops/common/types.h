@@ -56,6 +56,27 @@ std::string ShapeString(const std::vector<int64_t>& shape);
 std::string OnRank(int rank);
 int64_t NumElements(const std::vector<int64_t>& shape);
 
+// What every rank must agree on about one named collective: the part of a
+// Work (engine/work.h) that negotiation sends as a Request
+// (negotiation/message.h). Both derive from it, so turning one into the
+// other copies it whole and a field added here cannot be missed.
+struct CollectiveSpec {
+  std::string name;  // identical on every rank for the same collective
+  Collective collective = Collective::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  // The dtype an allreduce's data crosses the network in: `dtype`, or for a
+  // float32 tensor with compression, float16 / bfloat16 (see WireDtype).
+  DataType wire = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  std::vector<int64_t> shape;
+  // A problem with this rank's arguments that the binding found but must
+  // not report alone (the other ranks would wait for this one): the engine
+  // offers the collective anyway and negotiation fails it on every rank.
+  // Also alltoall splits that do not fit. "" when it can run.
+  std::string invalid;
+};
+
 class Status {
  public:
   enum class Code : uint8_t {

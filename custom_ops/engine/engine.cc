@@ -326,14 +326,7 @@ void Engine::FailAll(const Status& status) {
 }
 
 Work Engine::StandIn(const Request& r) {
-  Work w;
-  w.name = r.name;
-  w.collective = r.collective;
-  w.dtype = r.dtype;
-  w.wire = r.wire;
-  w.op = r.op;
-  w.root = r.root;
-  w.shape = r.shape;
+  Work w = WorkOf(r);
   // An allgather gets no rows from a joined rank (a scalar's one row too).
   if (w.collective == Collective::kAllgather) {
     if (w.shape.empty()) w.shape = {0};
@@ -366,20 +359,10 @@ void Engine::Admit(Work& work) {
     return;
   }
   work.wire = WireDtype(work);
-  Request r;
-  r.name = work.name;
-  r.rank = ctx_->rank;
-  r.collective = work.collective;
-  r.dtype = work.dtype;
-  r.wire = work.wire;
-  r.op = work.op;
-  r.root = work.root;
-  r.shape = work.shape;
   if (work.collective == Collective::kAlltoall) {
     work.invalid = ResolveAlltoallSplits(work, ctx_->size);
   }
-  r.invalid = work.invalid;
-  if (!controller_.Offer(r)) {
+  if (!controller_.Offer(RequestOf(work, ctx_->rank))) {
     Finish(work, Status::InvalidArgument(
         "a collective named '" + work.name + "' is already in flight" + ctx_->Where() +
         "; concurrent collectives need distinct names"));

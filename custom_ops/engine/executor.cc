@@ -109,7 +109,7 @@ void Executor::AllocateOutputs(std::vector<Work*>& batch, std::vector<Status>* s
 
 bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* status,
                                 std::vector<std::vector<char>>* scratch,
-                                std::vector<std::pair<const char*, double>>* phases) {
+                                Phases* phases) {
   const auto start = Timeline::Clock::now();
   std::vector<Span> spans;
   for (Work* w : batch) spans.push_back({w->input, nullptr, NumElements(w->shape)});
@@ -139,9 +139,6 @@ bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* 
 }
 
 void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
-  using Clock = Timeline::Clock;
-  const DataType dtype = batch[0]->dtype;
-  const DataType wire = batch[0]->wire;  // the batch's key: the same for all
   // While ranks have joined, an Average is a sum divided by the ranks that
   // are still active, each rank dividing its own output (so never into a
   // result the node shares).
@@ -149,13 +146,8 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   const ReduceOp op = average_of_active ? ReduceOp::kSum : batch[0]->op;
   size_t total = 0;
   for (Work* w : batch) total += Bytes(*w);
-  const auto start = Clock::now();
-  // Phase name and duration, laid out one after another on each tensor's row.
-  std::vector<std::pair<const char*, double>> phases;
-  auto seconds_since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
-
+  const auto start = Timeline::Clock::now();
+  Phases phases;
   std::vector<Status> status(batch.size());
   std::vector<std::vector<char>> scratch;
   if (shared_output_ && total > 0 && !average_of_active &&
@@ -163,80 +155,100 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
     traffic_.shared_output_bytes += total;
   } else if (node_allreduce_) {
     AllocateOutputs(batch, &status, &scratch);
-    // Reads inputs and writes outputs in place: no fusion-buffer copies.
-    std::vector<Span> spans;
-    for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
-    NodePhaseTimes times;
-    node_allreduce_->Run(spans, dtype, wire, op, &times);
-    phases.insert(phases.end(), {{"SHM_COPY_IN", times.copy_in},
+    NodeMemoryAllreduce(batch, op, &phases);
+  } else {
+    AllocateOutputs(batch, &status, &scratch);
+    FlatAllreduce(batch, op, total, &phases);
+  }
+  if (ctx_.timeline) RecordAllreduce(batch, total, start, phases);
+  if (average_of_active) {
+    for (Work* w : batch) DivideBy(w->output, NumElements(w->shape), w->dtype, active);
+  }
+  for (size_t i = 0; i < batch.size(); ++i) Finish(*batch[i], status[i]);
+}
+
+void Executor::NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, Phases* phases) {
+  // Reads inputs and writes outputs in place: no fusion-buffer copies.
+  std::vector<Span> spans;
+  for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
+  NodePhaseTimes times;
+  node_allreduce_->Run(spans, batch[0]->dtype, batch[0]->wire, op, &times);
+  phases->insert(phases->end(), {{"SHM_COPY_IN", times.copy_in},
                                  {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
                                  {"CROSS_NODE_ALLREDUCE", times.cross_node},
                                  {"INTRA_NODE_ALL_GATHER", times.all_gather}});
+}
+
+void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, size_t total,
+                             Phases* phases) {
+  using Clock = Timeline::Clock;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const DataType dtype = batch[0]->dtype;
+  const DataType wire = batch[0]->wire;  // the batch's key: the same for all
+  // A single tensor is reduced in its output; several, or a tensor sent
+  // in another dtype, are packed (converted) into the fusion buffer first.
+  const bool packed = batch.size() > 1 || wire != dtype;
+  const int64_t count = static_cast<int64_t>(total / DataTypeSize(dtype));
+  const size_t wire_elem = DataTypeSize(wire);
+  char* buffer = static_cast<char*>(batch[0]->output);
+  auto t = Clock::now();
+  if (!packed) {
+    CopyUnlessSame(buffer, batch[0]->input, total);
   } else {
-    AllocateOutputs(batch, &status, &scratch);
-    // A single tensor is reduced in its output; several, or a tensor sent
-    // in another dtype, are packed (converted) into the fusion buffer first.
-    const bool packed = batch.size() > 1 || wire != dtype;
-    const int64_t count = static_cast<int64_t>(total / DataTypeSize(dtype));
-    const size_t wire_elem = DataTypeSize(wire);
-    char* buffer = static_cast<char*>(batch[0]->output);
-    auto t = Clock::now();
-    if (!packed) {
-      CopyUnlessSame(buffer, batch[0]->input, total);
-    } else {
-      if (fusion_buffer_.size() < count * wire_elem) fusion_buffer_.resize(count * wire_elem);
-      buffer = fusion_buffer_.data();
-      size_t offset = 0;
-      for (Work* w : batch) {
-        Convert(buffer + offset, wire, w->input, dtype, NumElements(w->shape));
-        offset += NumElements(w->shape) * wire_elem;
-      }
-    }
-    phases.emplace_back("MEMCPY_IN_FUSION_BUFFER", seconds_since(t));
-    t = Clock::now();
-    if (ctx_.racks) {
-      // One rank per node: the grid is the world, racks-major.
-      const char* name = RackGridAllreduce(
-          {ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()}, buffer, count,
-          wire, op);
-      phases.emplace_back(name, seconds_since(t));
-      traffic_.rack_bytes += count * wire_elem;
-    } else {
-      const TransportAllreduce& algorithm = ChooseAllreduce(ctx_.size, count * wire_elem);
-      algorithm.run(*ctx_.world, buffer, count, wire, op);
-      phases.emplace_back(algorithm.name, seconds_since(t));
-    }
-    t = Clock::now();
-    if (packed) {
-      size_t offset = 0;
-      for (Work* w : batch) {
-        Convert(w->output, dtype, buffer + offset, wire, NumElements(w->shape));
-        offset += NumElements(w->shape) * wire_elem;
-      }
-    }
-    phases.emplace_back("MEMCPY_OUT_FUSION_BUFFER", seconds_since(t));
-    if (!ctx_.racks) traffic_.flat_bytes += count * wire_elem;
-  }
-  const auto end = Clock::now();
-  if (ctx_.timeline) {
-    const std::string args = "\"batch_tensors\": " + std::to_string(batch.size()) +
-                             ", \"batch_bytes\": " + std::to_string(total);
+    if (fusion_buffer_.size() < count * wire_elem) fusion_buffer_.resize(count * wire_elem);
+    buffer = fusion_buffer_.data();
+    size_t offset = 0;
     for (Work* w : batch) {
-      ctx_.timeline->Span(w->name, "ALLREDUCE", start, end,
-                          args + ", \"bytes\": " + std::to_string(Bytes(*w)));
-      auto at = start;
-      for (const auto& [phase, secs] : phases) {
-        auto next = at + std::chrono::duration_cast<Clock::duration>(
-                             std::chrono::duration<double>(secs));
-        ctx_.timeline->Span(w->name, phase, at, next);
-        at = next;
-      }
+      Convert(buffer + offset, wire, w->input, dtype, NumElements(w->shape));
+      offset += NumElements(w->shape) * wire_elem;
     }
   }
-  if (average_of_active) {
-    for (Work* w : batch) DivideBy(w->output, NumElements(w->shape), dtype, active);
+  phases->emplace_back("MEMCPY_IN_FUSION_BUFFER", seconds_since(t));
+  t = Clock::now();
+  if (ctx_.racks) {
+    // One rank per node: the grid is the world, racks-major.
+    const char* name = RackGridAllreduce(
+        {ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()}, buffer, count, wire,
+        op);
+    phases->emplace_back(name, seconds_since(t));
+    traffic_.rack_bytes += count * wire_elem;
+  } else {
+    const TransportAllreduce& algorithm = ChooseAllreduce(ctx_.size, count * wire_elem);
+    algorithm.run(*ctx_.world, buffer, count, wire, op);
+    phases->emplace_back(algorithm.name, seconds_since(t));
+    traffic_.flat_bytes += count * wire_elem;
   }
-  for (size_t i = 0; i < batch.size(); ++i) Finish(*batch[i], status[i]);
+  t = Clock::now();
+  if (packed) {
+    size_t offset = 0;
+    for (Work* w : batch) {
+      Convert(w->output, dtype, buffer + offset, wire, NumElements(w->shape));
+      offset += NumElements(w->shape) * wire_elem;
+    }
+  }
+  phases->emplace_back("MEMCPY_OUT_FUSION_BUFFER", seconds_since(t));
+}
+
+void Executor::RecordAllreduce(const std::vector<Work*>& batch, size_t total,
+                               Timeline::Clock::time_point start, const Phases& phases) {
+  using Clock = Timeline::Clock;
+  const auto end = Clock::now();
+  const std::string args = "\"batch_tensors\": " + std::to_string(batch.size()) +
+                           ", \"batch_bytes\": " + std::to_string(total);
+  for (Work* w : batch) {
+    ctx_.timeline->Span(w->name, "ALLREDUCE", start, end,
+                        args + ", \"bytes\": " + std::to_string(Bytes(*w)));
+    // Phases laid out one after another on each tensor's row.
+    auto at = start;
+    for (const auto& [phase, secs] : phases) {
+      auto next = at + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(secs));
+      ctx_.timeline->Span(w->name, phase, at, next);
+      at = next;
+    }
+  }
 }
 
 Status Executor::Allgather(Work& w) {

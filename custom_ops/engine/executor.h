@@ -26,7 +26,15 @@ class Executor {
   const TrafficCounters& traffic() const { return traffic_; }
 
  private:
+  // Phase name and seconds, of one batch, for the timeline.
+  using Phases = std::vector<std::pair<const char*, double>>;
   void AllreduceBatch(std::vector<Work*>& batch, int active);
+  // The batch's paths (outputs already allocated): through the node's
+  // shared memory, or the flat algorithm over the world (fusion buffer).
+  void NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, Phases* phases);
+  void FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, size_t total, Phases* phases);
+  void RecordAllreduce(const std::vector<Work*>& batch, size_t total,
+                       Timeline::Clock::time_point start, const Phases& phases);
   Status Allgather(Work& work);
   Status Broadcast(Work& work);
   Status Reducescatter(Work& work, int active);
@@ -47,7 +55,7 @@ class Executor {
   // done, when the node's pool had no room: then the batch runs as usual.
   bool IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* status,
                         std::vector<std::vector<char>>* scratch,
-                        std::vector<std::pair<const char*, double>>* phases);
+                        Phases* phases);
 
   std::unique_ptr<NodeAllreduce> node_allreduce_;  // when the node shares memory
   std::unique_ptr<SharedOutputAllreduce> shared_output_;  // one node with an output pool

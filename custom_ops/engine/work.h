@@ -9,28 +9,18 @@
 #include <vector>
 
 #include "../common/types.h"
+#include "../negotiation/message.h"
 
 namespace ddl {
 
-struct Work {
-  std::string name;  // identical on every rank for the same collective
-  Collective collective = Collective::kAllreduce;
-  DataType dtype = DataType::kFloat32;
-  // The dtype an allreduce's data crosses the network in: `dtype`, or for a
-  // float32 tensor with compression, float16 / bfloat16 (see WireDtype).
-  DataType wire = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  int root = 0;
-  std::vector<int64_t> shape;
+// The agreed part (name, collective, dtypes, op, root, shape, invalid) is
+// the CollectiveSpec base (common/types.h).
+struct Work : CollectiveSpec {
   const void* input = nullptr;
   // Alltoall: rows of axis 0 this rank sends to each rank (entry r to rank
   // r). Empty asks for an even split; the engine fills it in when it
   // admits the work.
   std::vector<int64_t> splits;
-  // A problem with this rank's arguments that the binding found but must
-  // not report alone (the other ranks would wait for this one): the engine
-  // offers the collective anyway and negotiation fails it on every rank.
-  std::string invalid;
   // Broadcast: preallocated output of the input's shape (may alias the
   // input); allreduce may have one too. Join: an int32 that receives the
   // last rank to join. Allgather and reducescatter: null;
@@ -60,6 +50,21 @@ inline DataType WireDtype(const Work& w) {
                         w.dtype == DataType::kFloat32 &&
                         (w.wire == DataType::kFloat16 || w.wire == DataType::kBFloat16);
   return converts ? w.wire : w.dtype;
+}
+
+// The request this rank offers for `work`, and the work whose agreed part
+// is `request` (no buffers): one function each way, copying the shared
+// CollectiveSpec whole.
+inline Request RequestOf(const Work& work, int rank) {
+  Request r;
+  static_cast<CollectiveSpec&>(r) = work;
+  r.rank = rank;
+  return r;
+}
+inline Work WorkOf(const Request& request) {
+  Work w;
+  static_cast<CollectiveSpec&>(w) = request;
+  return w;
 }
 
 // Calls the done callback once; later calls are no-ops.

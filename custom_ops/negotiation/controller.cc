@@ -41,58 +41,90 @@ void Controller::DropAll() {
   unsent_.clear();
 }
 
+Controller::Words::Words(int slots, int ranks)
+    : slots(slots), slot_words((slots + 63) / 64), joined_at(1 + 2 * slot_words),
+      bits(joined_at + (ranks + 63) / 64, ~uint64_t(0)) {
+  // The "all" half starts cleared (a rank sets the slots it offers); flags,
+  // the "none" half and the joined bits start set.
+  for (int i = 1; i <= slot_words; ++i) bits[i] = 0;
+}
+
+void Controller::Words::SetAll(int slot) { bits[1 + slot / 64] |= uint64_t(1) << (slot % 64); }
+void Controller::Words::ClearNone(int slot) {
+  bits[1 + slot_words + slot / 64] &= ~(uint64_t(1) << (slot % 64));
+}
+bool Controller::Words::All(int slot) const { return (bits[1 + slot / 64] >> (slot % 64)) & 1; }
+bool Controller::Words::None(int slot) const {
+  return (bits[1 + slot_words + slot / 64] >> (slot % 64)) & 1;
+}
+void Controller::Words::MarkJoined(int rank) {
+  bits[joined_at + rank / 64] &= ~(uint64_t(1) << (rank % 64));
+}
+bool Controller::Words::Joined(int rank) const {
+  return !((bits[joined_at + rank / 64] >> (rank % 64)) & 1);
+}
+
 Negotiated Controller::Negotiate(bool shutting_down) {
-  const auto now = std::chrono::steady_clock::now;
-  const int slots = cache_.num_slots();
-  const int slot_words = (slots + 63) / 64;
-  const int n = plane_.size();
-  const int joined_at = 1 + 2 * slot_words;
-  std::vector<uint64_t> words(joined_at + (n + 63) / 64, ~uint64_t(0));
-  for (int i = 1; i <= slot_words; ++i) words[i] = 0;
-  words[0] = ~uint64_t(0);
-  if (!unsent_.empty()) words[0] &= ~kFlagHasRequests;
-  if (shutting_down) words[0] &= ~kFlagShutdown;
+  Words words = OwnWords(shutting_down);
+  plane_.AllreduceBitwiseAnd(words.bits, pending_.empty() && !shutting_down);
+
+  Negotiated out;
+  out.exchanged = !(words.bits[0] & kFlagHasRequests) || !(words.bits[0] & kFlagCoordinator);
+  out.shutdown = !(words.bits[0] & kFlagShutdown);
+  ReadJoins(words, &out);
+  const std::vector<int> partial = TakeCachedReady(words, &out);
+  const ResponseList responses = out.exchanged ? ExchangeByName() : ResponseList();
+  if (coordinator_) coordinator_->TrackPartialSlots(partial, cache_, Clock::now());
+  ApplyResponses(responses, &out);
+  return out;
+}
+
+Controller::Words Controller::OwnWords(bool shutting_down) {
+  Words words(cache_.num_slots(), plane_.size());
+  uint64_t& flags = words.bits[0];
+  if (!unsent_.empty()) flags &= ~kFlagHasRequests;
+  if (shutting_down) flags &= ~kFlagShutdown;
   if (coordinator_) {
-    coordinator_->CheckStalls(now());
-    if (coordinator_->HasPendingVerdict()) words[0] &= ~kFlagCoordinator;
+    coordinator_->CheckStalls(Clock::now());
+    if (coordinator_->HasPendingVerdict()) flags &= ~kFlagCoordinator;
   }
   if (joined_) {
     const int me = plane_.rank();
-    words[joined_at + me / 64] &= ~(uint64_t(1) << (me % 64));
+    words.MarkJoined(me);
     // A joined rank agrees to every cached name, without claiming to have
     // offered it (the "none" half stays set), so a name runs once every
     // active rank offers it. It cannot stand in for an alltoall or for a
     // broadcast from itself: those wait until the coordinator, seeing them
     // by name, refuses them on every rank.
-    for (int slot = 0; slot < slots; ++slot) {
+    for (int slot = 0; slot < words.slots; ++slot) {
       if (!cache_.Occupied(slot)) continue;
       const Request& r = cache_.RequestAt(slot);
       if (r.collective == Collective::kAlltoall) continue;
       if (r.collective == Collective::kBroadcast && r.root == me) continue;
-      words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
+      words.SetAll(slot);
     }
   }
   for (const auto& [name, p] : pending_) {
     if (!p.cached) continue;
     int slot = -1;
     cache_.Find(p.request, &slot);
-    words[1 + slot / 64] |= uint64_t(1) << (slot % 64);
-    words[1 + slot_words + slot / 64] &= ~(uint64_t(1) << (slot % 64));
+    words.SetAll(slot);
+    words.ClearNone(slot);
   }
-  plane_.AllreduceBitwiseAnd(words, pending_.empty() && !shutting_down);
+  return words;
+}
 
-  Negotiated out;
-  out.exchanged = !(words[0] & kFlagHasRequests) || !(words[0] & kFlagCoordinator);
-  out.shutdown = !(words[0] & kFlagShutdown);
+void Controller::ReadJoins(const Words& words, Negotiated* out) {
+  const int n = plane_.size();
   std::vector<bool> joined(n);
-  for (int r = 0; r < n; ++r) joined[r] = !((words[joined_at + r / 64] >> (r % 64)) & 1);
+  for (int r = 0; r < n; ++r) joined[r] = words.Joined(r);
   const int num_joined = static_cast<int>(std::count(joined.begin(), joined.end(), true));
-  out.active = num_joined == n ? n : n - num_joined;
+  out->active = num_joined == n ? n : n - num_joined;
   if (was_joined_.empty()) was_joined_.assign(n, false);
   if (num_joined == n) {
-    out.all_joined = true;
+    out->all_joined = true;
     for (int r = 0; r < n; ++r) {
-      if (!was_joined_[r]) out.last_joined = r;
+      if (!was_joined_[r]) out->last_joined = r;
     }
     // Every join ends now; a join called next starts a new round.
     was_joined_.assign(n, false);
@@ -100,61 +132,64 @@ Negotiated Controller::Negotiate(bool shutting_down) {
     was_joined_ = joined;
   }
   if (coordinator_) coordinator_->SetJoined(joined);
+}
 
+std::vector<int> Controller::TakeCachedReady(const Words& words, Negotiated* out) {
   // Cached names offered by every rank run first, in slot order; names
   // offered by some but not all go to the coordinator's stall tracking.
   std::vector<int> partial;
-  for (int slot = 0; slot < slots; ++slot) {
-    const bool all = (words[1 + slot / 64] >> (slot % 64)) & 1;
-    const bool none = (words[1 + slot_words + slot / 64] >> (slot % 64)) & 1;
+  for (int slot = 0; slot < words.slots; ++slot) {
+    const bool all = words.All(slot);
+    const bool none = words.None(slot);
     // With ranks joined, "all" can hold for a name nobody offered (every
     // rank joined agrees to everything): it runs only if some rank offered it.
     if (all && !none) {
       const std::string& name = cache_.NameAt(slot);
-      out.run.push_back(name);
-      if (joined_ && !pending_.count(name)) out.stand_ins.emplace(name, cache_.RequestAt(slot));
+      out->run.push_back(name);
+      if (joined_ && !pending_.count(name)) out->stand_ins.emplace(name, cache_.RequestAt(slot));
     } else if (!none) {
       partial.push_back(slot);
     }
   }
+  return partial;
+}
 
-  ResponseList responses;
-  if (out.exchanged) {
-    std::vector<std::vector<char>> gathered = plane_.GatherBytes(EncodeRequests(unsent_), 0);
-    unsent_.clear();
-    std::vector<char> encoded;
-    if (coordinator_) {
-      for (const auto& bytes : gathered) coordinator_->Add(DecodeRequests(bytes), cache_, now());
-      encoded = EncodeResponses(coordinator_->Respond());
-    }
-    plane_.BroadcastBytes(encoded, 0);
-    responses = DecodeResponses(encoded);
+ResponseList Controller::ExchangeByName() {
+  std::vector<std::vector<char>> gathered = plane_.GatherBytes(EncodeRequests(unsent_), 0);
+  unsent_.clear();
+  std::vector<char> encoded;
+  if (coordinator_) {
+    for (const auto& bytes : gathered) coordinator_->Add(DecodeRequests(bytes), cache_, Clock::now());
+    encoded = EncodeResponses(coordinator_->Respond());
   }
-  if (coordinator_) coordinator_->TrackPartialSlots(partial, cache_, now());
+  plane_.BroadcastBytes(encoded, 0);
+  return DecodeResponses(encoded);
+}
 
-  const size_t cache_ready = out.run.size();
+void Controller::ApplyResponses(const ResponseList& responses, Negotiated* out) {
+  const size_t cache_ready = out->run.size();
   for (const std::string& name : responses.evictions) {
     cache_.Evict(name);
     auto it = pending_.find(name);
     // Cache-ready names of this cycle run anyway; others go back to naming.
     if (it != pending_.end() && it->second.cached &&
-        std::find(out.run.begin(), out.run.begin() + cache_ready, name) ==
-            out.run.begin() + cache_ready) {
+        std::find(out->run.begin(), out->run.begin() + cache_ready, name) ==
+            out->run.begin() + cache_ready) {
       it->second.cached = false;
       unsent_.push_back(it->second.request);
     }
   }
-  for (auto& [name, message] : responses.errors) {
-    if (pending_.erase(name)) out.refused.emplace_back(name, std::move(message));
+  for (const auto& [name, message] : responses.errors) {
+    if (pending_.erase(name)) out->refused.emplace_back(name, message);
   }
-  for (const std::string& name : out.run) pending_.erase(name);
+  for (const std::string& name : out->run) pending_.erase(name);
   for (size_t i = 0; i < responses.ready.size(); ++i) {
     const std::string& name = responses.ready[i];
     auto it = pending_.find(name);
     if (it == pending_.end() && joined_ && i < responses.stand_ins.size()) {
       cache_.Insert(responses.stand_ins[i]);
-      out.run.push_back(name);
-      out.stand_ins.emplace(name, responses.stand_ins[i]);
+      out->run.push_back(name);
+      out->stand_ins.emplace(name, responses.stand_ins[i]);
       continue;
     }
     if (it == pending_.end()) {
@@ -162,11 +197,10 @@ Negotiated Controller::Negotiate(bool shutting_down) {
     }
     // Every rank inserts the same requests in the same order, so slots agree.
     cache_.Insert(it->second.request);
-    out.run.push_back(name);
+    out->run.push_back(name);
     pending_.erase(it);
   }
-  out.fatal = std::move(responses.fatal);
-  return out;
+  out->fatal = responses.fatal;
 }
 
 std::string Controller::RanksShuttingDown(bool me) {

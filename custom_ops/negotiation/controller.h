@@ -6,6 +6,7 @@
 // the engine keeps the work and runs what Negotiate returns.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -71,6 +72,30 @@ class Controller {
   std::string RanksShuttingDown(bool me);
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // The word vector every rank contributes to a cycle's AND; layout in
+  // controller.cc.
+  struct Words {
+    Words(int slots, int ranks);
+    void SetAll(int slot);     // this rank offers (or, joined, accepts) the slot
+    void ClearNone(int slot);  // this rank offers the slot
+    void MarkJoined(int rank);
+    bool All(int slot) const;   // after the AND: every rank set it
+    bool None(int slot) const;  // after the AND: no rank offered it
+    bool Joined(int rank) const;
+    int slots, slot_words, joined_at;
+    std::vector<uint64_t> bits;
+  };
+  // The steps of a cycle, in order.
+  Words OwnWords(bool shutting_down);
+  void ReadJoins(const Words& words, Negotiated* out);
+  // Runs the cached names every rank offered; returns the slots only some
+  // offered.
+  std::vector<int> TakeCachedReady(const Words& words, Negotiated* out);
+  // The by-name round: requests to rank 0, its responses to all.
+  ResponseList ExchangeByName();
+  void ApplyResponses(const ResponseList& responses, Negotiated* out);
+
   struct PendingRequest {
     Request request;
     bool cached = false;  // offered through the cache bit, not by name

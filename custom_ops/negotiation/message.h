@@ -11,18 +11,10 @@
 namespace ddl {
 
 // One rank's description of a named collective it is ready to run.
-struct Request {
-  std::string name;
+// `wire` is resolved (WireDtype); an `invalid` request is never compatible
+// with anything.
+struct Request : CollectiveSpec {
   int32_t rank = 0;
-  Collective collective = Collective::kAllreduce;
-  DataType dtype = DataType::kFloat32;
-  DataType wire = DataType::kFloat32;  // Work::wire, resolved (WireDtype)
-  ReduceOp op = ReduceOp::kSum;
-  int32_t root = 0;
-  std::vector<int64_t> shape;
-  // Why this rank's arguments cannot run (Work::invalid, or alltoall splits
-  // that do not fit); "" when they can. Never compatible with anything.
-  std::string invalid;
 
   // True when two ranks' requests for the same name can run together:
   // everything equal except, for allgather and alltoall, the first
