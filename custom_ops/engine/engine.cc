@@ -450,7 +450,12 @@ bool Engine::RunCycle() {
   }
   for (const auto& [name, message] : outcome.refused) {
     auto it = works_.find(name);
-    Finish(it->second, Status::InvalidArgument(message + ctx_->Where()));
+    // Ranks that disagree (shape, dtype, op, root) fail a precondition of the
+    // collective, as Horovod reports it; an argument no rank can run with is
+    // an invalid argument.
+    const bool mismatch = message.rfind("Mismatched ", 0) == 0;
+    Finish(it->second, mismatch ? Status::FailedPrecondition(message + ctx_->Where())
+                                : Status::InvalidArgument(message + ctx_->Where()));
     works_.erase(it);
   }
   std::vector<Work> runnable;
