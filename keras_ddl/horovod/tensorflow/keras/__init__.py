@@ -10,13 +10,14 @@ import tensorflow as tf
 
 import keras_ddl as ddl
 from keras_ddl.horovod.tensorflow import (  # noqa: F401
-    Adasum, Average, Compression, Max, Min, Product, ProcessSet, Sum, SyncBatchNormalization,
+    Adasum, Average, Compression, Compressor, FP16Compressor, Max, NoneCompressor, Min, Product, ProcessSet, Sum, SyncBatchNormalization,
     add_process_set, allgather_object, alltoall, broadcast_object, broadcast_object_fn,
     ccl_built, check_gradient_args, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
     gloo_enabled, global_process_set, init, is_homogeneous, is_initialized, join, local_rank,
     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
-from keras_ddl.horovod.common import check_compression, reduce_op, refuse_elastic
+from keras_ddl.horovod import tensorflow as _tf
+from keras_ddl.horovod.common import check_compression, refuse_elastic
 
 from . import callbacks  # noqa: F401,E402
 
@@ -95,7 +96,8 @@ def broadcast_global_variables(root_rank):
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none):
-    """Reduces a tensor-compatible value over ranks; returns a tensor.
+    """Reduces a tensor-compatible value over ranks; returns a tensor
+    (as `keras_ddl.horovod.tensorflow.allreduce`).
 
     Args:
         value: A tensor or anything tf.convert_to_tensor takes.
@@ -103,28 +105,27 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
         average: Deprecated: True is op=Average, False op=Sum.
         prescale_factor, postscale_factor: Multiply before / after.
         op: Average (default), Sum, Min, Max or Product.
-        compression: Compression.none or .fp16.
+        compression: Compression.none, .fp16 or a Compressor subclass.
     """
-    return ddl.allreduce(tf.convert_to_tensor(value), op=reduce_op(op, average, "allreduce"),
-                         name=name, compression=check_compression(compression, "allreduce"),
-                         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    return _tf.allreduce(tf.convert_to_tensor(value), average=average, compression=compression,
+                         op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, name=name)
 
 
 def allgather(value, name=None):
     """Concatenates every rank's value along axis 0; returns a tensor."""
-    return ddl.allgather(tf.convert_to_tensor(value), name=name)
+    return _tf.allgather(tf.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank, name=None):
     """Returns `root_rank`'s value on every rank, as a tensor."""
-    return ddl.broadcast(tf.convert_to_tensor(value), root_rank=root_rank, name=name)
+    return _tf.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
     """Reduces over ranks (Average by default, as Horovod) and returns this
     rank's rows of axis 0."""
-    return ddl.reducescatter(tf.convert_to_tensor(value), op=reduce_op(op, None, "reducescatter"),
-                             name=name)
+    return _tf.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
