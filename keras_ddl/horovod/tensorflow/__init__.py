@@ -353,6 +353,10 @@ def check_gradient_args(function, op, gradient_predivide_factor, num_groups, gro
     if op not in (Average, Sum):
         raise ValueError(f"keras_ddl.horovod: {function}(op={op.name}): gradients are reduced "
                          "with Average or Sum")
+    if isinstance(gradient_predivide_factor, bool) or not isinstance(
+            gradient_predivide_factor, (int, float)) or not gradient_predivide_factor > 0:
+        raise ValueError(f"keras_ddl.horovod: {function}(gradient_predivide_factor="
+                         f"{gradient_predivide_factor!r}) must be a number > 0 (rank {rank()})")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError(f"keras_ddl.horovod: {function}(gradient_predivide_factor="
                          f"{gradient_predivide_factor!r}) needs op=Average")
@@ -376,8 +380,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         compression: Compression.none or .fp16.
         sparse_as_dense: Accepted; sparse gradients are always made dense.
         op: Average (default) or Sum.
-        gradient_predivide_factor: Accepted with op=Average; the average is
-            the same (keras_ddl divides the sum once).
+        gradient_predivide_factor: With op=Average, divide the gradients by
+            it before the sum and the sum by size() / factor after, as
+            Horovod does (a float16 sum then overflows less).
         num_groups, groups: Must be 0 / None.
         process_set: Must be the global set (NotImplementedError otherwise:
             gradients are reduced over every rank).
@@ -387,8 +392,17 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     op, compression = check_gradient_args("DistributedGradientTape", op,
                                           gradient_predivide_factor, num_groups, groups,
                                           process_set, compression)
-    return ddl.DistributedGradientTape(gradtape, op=op, compression=compression,
-                                       scale_local_gradients=scale_local_gradients)
+    return predivide(ddl.DistributedGradientTape(gradtape, op=op, compression=compression,
+                                                 scale_local_gradients=scale_local_gradients),
+                     gradient_predivide_factor)
+
+
+def predivide(reducer, gradient_predivide_factor):
+    """Makes a keras_ddl optimizer or tape divide the gradients by
+    `gradient_predivide_factor` before the sum and the sum by
+    size() / factor after, as Horovod does (checked by `check_gradient_args`)."""
+    reducer._predivide_factor = float(gradient_predivide_factor)
+    return reducer
 
 
 def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
@@ -404,9 +418,9 @@ def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
     op, compression = check_gradient_args("PartialDistributedGradientTape", op,
                                           gradient_predivide_factor, num_groups, groups,
                                           process_set, compression)
-    return ddl.PartialDistributedGradientTape(gradtape, local_layers=local_layers,
-                                              scale_local_gradients=scale_local_gradients,
-                                              op=op, compression=compression)
+    return predivide(ddl.PartialDistributedGradientTape(
+        gradtape, local_layers=local_layers, scale_local_gradients=scale_local_gradients, op=op,
+        compression=compression), gradient_predivide_factor)
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='',

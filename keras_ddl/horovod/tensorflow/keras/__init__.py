@@ -10,12 +10,13 @@ import tensorflow as tf
 
 import keras_ddl as ddl
 from keras_ddl.horovod.tensorflow import (  # noqa: F401
-    Adasum, Average, Compression, Compressor, FP16Compressor, Max, NoneCompressor, Min, Product, ProcessSet, Sum, SyncBatchNormalization,
-    add_process_set, allgather_object, alltoall, broadcast_object, broadcast_object_fn,
-    ccl_built, check_gradient_args, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
-    gloo_enabled, global_process_set, init, is_homogeneous, is_initialized, join, local_rank,
-    local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-    remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
+    Adasum, Average, Compression, Compressor, FP16Compressor, Max, Min, NoneCompressor, Product,
+    ProcessSet, Sum, SyncBatchNormalization, add_process_set, allgather_object, alltoall,
+    broadcast_object, broadcast_object_fn, ccl_built, check_gradient_args, cross_rank,
+    cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
+    is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, predivide, rank, remove_process_set, rocm_built,
+    shutdown, size, start_timeline, stop_timeline)
 from keras_ddl.horovod import tensorflow as _tf
 from keras_ddl.horovod.common import check_compression, refuse_elastic
 
@@ -52,7 +53,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         device_dense, device_sparse: Ignored.
         compression: Compression.none or .fp16.
         sparse_as_dense: Accepted; sparse gradients are always made dense.
-        gradient_predivide_factor: Accepted with op=Average (same average).
+        gradient_predivide_factor: With op=Average, divide the gradients by
+            it before the sum and the sum by size() / factor after (Horovod's
+            definition: a float16 sum overflows less).
         op: Average (default) or Sum.
         backward_passes_per_step: Local batches per update (gradients are
             accumulated locally, reduced once per update).
@@ -63,10 +66,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             gradients are reduced over every rank).
         scale_local_gradients: Divide the gradients of local variables by size().
     """
-    return ddl.DistributedOptimizer(optimizer, **_optimizer_kwargs(
+    return predivide(ddl.DistributedOptimizer(optimizer, **_optimizer_kwargs(
         "DistributedOptimizer", name, compression, op, gradient_predivide_factor,
         backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
-        process_set, scale_local_gradients))
+        process_set, scale_local_gradients)), gradient_predivide_factor)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
@@ -80,11 +83,11 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
 
     Args: as `DistributedOptimizer`, plus `local_layers`.
     """
-    return ddl.PartialDistributedOptimizer(optimizer, local_layers=local_layers,
-                                           **_optimizer_kwargs(
+    return predivide(ddl.PartialDistributedOptimizer(optimizer, local_layers=local_layers,
+                                                     **_optimizer_kwargs(
         "PartialDistributedOptimizer", name, compression, op, gradient_predivide_factor,
         backward_passes_per_step, average_aggregated_gradients, 0, groups, process_set,
-        scale_local_gradients))
+        scale_local_gradients)), gradient_predivide_factor)
 
 
 def broadcast_global_variables(root_rank):
