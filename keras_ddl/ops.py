@@ -653,9 +653,13 @@ def _grad_name_input(op, suffix, set_id):
         forward = tf.get_static_value(op.inputs[-1])
     except (TypeError, ValueError):
         forward = None
-    if forward is None or not bytes(forward):
+    if hasattr(forward, "item"):  # a numpy scalar or 0-d array
+        forward = forward.item()
+    if isinstance(forward, bytes):
+        forward = forward.decode()
+    if not isinstance(forward, str) or not forward:
         return _name_input(None, suffix, set_id=set_id)
-    name = f"{bytes(forward).decode()}.{suffix}"
+    name = f"{forward}.{suffix}"
     if not tf.executing_eagerly():
         # Two gradients of one collective in one graph would share a name.
         used = _grad_names.setdefault(tf.compat.v1.get_default_graph(), {})
