@@ -726,9 +726,11 @@ def front_door_gradients_are_horovods():
 
 @case
 def gradients_of_rank_dependent_rows_pair_up_in_a_graph():
-    """keras_ddl's own allgather gradient with rank-dependent rows, several
-    in one TF1-style graph and in one tf.function: the gradient's
-    collectives are named after the forward ones, so they pair up."""
+    """keras_ddl's own allgather gradients with rank-dependent rows, several
+    in one TF1-style graph and in one tf.function (Horovod's allgather
+    gradient check, through keras_ddl's API): each gradient collective is
+    named after its forward one, and the row offset is not a slice that a
+    graph optimiser could fold away on rank 0 alone."""
     sizes = [3, 2, 7][:size]
 
     def gradients(differentiate):
@@ -750,14 +752,21 @@ def gradients_of_rank_dependent_rows_pair_up_in_a_graph():
 
     with tf.Graph().as_default():
         sums = gradients(in_graph)
+        names = [op.inputs[-1].op.get_attr("value").string_val[0].decode()
+                 for op in tf.compat.v1.get_default_graph().get_operations()
+                 if op.type.startswith("Ddl")]
         with tf.compat.v1.Session() as session:
             graph_values = session.run(sums)
+    # Each gradient collective carries its forward collective's name.
+    forward = [n for n in names if ".grad" not in n]
+    assert sorted(n for n in names if ".grad" in n) == sorted(
+        [f"{f}.grad" for f in forward] + [f"{f}.grad.rows" for f in forward]), names
     traced_values = [float(v) for v in tf.function(lambda: gradients(taped))()]
     # keras_ddl's own gradient: the Sum over ranks of their upstream rows
-    # (each rank's upstream is the same: rank r's rows hold r).
-    for dim, got_graph, got_traced in zip((1, 2, 3), graph_values, traced_values):
-        want = size * rank * sizes[rank] * 4 ** (dim - 1)
-        assert float(got_graph) == want and got_traced == want, (dim, got_graph, got_traced)
+    # (every rank's upstream is the same: rank r's rows hold r).
+    want = [size * rank * sizes[rank] * 4 ** (dim - 1) for dim in (1, 2, 3)]
+    assert [float(v) for v in graph_values] == want, (graph_values, want)
+    assert traced_values == want, (traced_values, want)
 
 
 @case
