@@ -39,7 +39,8 @@ def scale(tensor, factor):
 
 
 def _needs_scaling(dtypes, op, prescale, postscale):
-    integer_average = op == Average and any(not d.is_floating for d in dtypes)
+    # bool is not an integer here: its Average stays refused by the engine.
+    integer_average = op == Average and any(d.is_integer for d in dtypes)
     return prescale != 1.0 or postscale != 1.0 or integer_average
 
 
