@@ -623,28 +623,43 @@ def front_door_integer_average_and_factors_as_horovod():
         return np.array([10, 3, 7 + r, 1, 2 * r], np.int64)
     step = iter(range(100))
 
+    combos = [(dtype, op, pre, post) for dtype in (np.uint8, np.int8, np.int32, np.int64)
+              for op, pre, post in ((hvd.Average, 1.0, 1.0), (hvd.Sum, 0.7, 1.0),
+                                    (hvd.Sum, 1.0, 0.7), (hvd.Average, 0.7, 1.5))]
+
+    def calls():
+        """Every reduction of the check, in one function (traced once)."""
+        out = [hvd_tf.allreduce(tf.constant(mine(rank).astype(dtype)), op=op,
+                                prescale_factor=pre, postscale_factor=post)
+               for dtype, op, pre, post in combos]
+        for dtype in (np.uint8, np.int32):
+            x = tf.constant(mine(rank).astype(dtype))
+            out.extend(hvd_tf.grouped_allreduce([x, 2 * x], op=hvd.Average))
+        return out
+
     def check(run):
         k = next(step)
-        for dtype in (np.uint8, np.int8, np.int32, np.int64):
-            x = mine(rank).astype(dtype)
+        got = run(calls)
+        for result, (dtype, op, pre, post) in zip(got, combos):
             inputs = [mine(r).astype(dtype) for r in range(size)]
-            for op, pre, post in ((hvd.Average, 1.0, 1.0), (hvd.Sum, 0.7, 1.0),
-                                  (hvd.Sum, 1.0, 0.7), (hvd.Average, 0.7, 1.5)):
-                what = f"{np.dtype(dtype).name} {op.name} pre {pre} post {post} ({k})"
-                got = run(lambda: hvd_tf.allreduce(tf.constant(x), op=op, prescale_factor=pre,
-                                                   postscale_factor=post))
-                assert_equal(got, horovod_int_result(inputs, dtype, op, pre, post, size), what)
-            a, b = run(lambda: hvd_tf.grouped_allreduce([tf.constant(x), tf.constant(2 * x)],
-                                                        op=hvd.Average))
+            assert_equal(result, horovod_int_result(inputs, dtype, op, pre, post, size),
+                         f"{np.dtype(dtype).name} {op.name} pre {pre} post {post} ({k})")
+        for i, dtype in enumerate((np.uint8, np.int32)):
+            inputs = [mine(r).astype(dtype) for r in range(size)]
+            a, b = got[len(combos) + 2 * i:len(combos) + 2 * i + 2]
             assert_equal(a, horovod_int_result(inputs, dtype, hvd.Average, 1, 1, size),
                          "grouped int Average [0]")
-            assert_equal(b, horovod_int_result([2 * i for i in inputs], dtype, hvd.Average,
+            assert_equal(b, horovod_int_result([2 * x for x in inputs], dtype, hvd.Average,
                                                1, 1, size), "grouped int Average [1]")
         rows = np.arange(size * 2, dtype=np.int32) * (rank + 1)
         got = run(lambda: hvd_tf.reducescatter(tf.constant(rows)))  # Average by default
         every = [np.arange(size * 2, dtype=np.int32) * (r + 1) for r in range(size)]
         assert_equal(got, horovod_int_result(every, np.int32, hvd.Average, 1, 1, size)
                      [block(rank, 2 * size)], "reducescatter int32 Average")
+        # bool is no integer: its Average stays refused, on every rank.
+        expect_all(lambda: run(lambda: hvd_tf.allreduce(tf.constant([True]), op=hvd.Average,
+                                                        name=f"hvd.bool_average.{k}")),
+                   tf.errors.InvalidArgumentError, ["op=Average", f"rank {rank}"], "bool Average")
         # IndexedSlices: Average divides with /, so int32 values come back float64.
         values = np.array([[rank + 1, 2]], np.int32)
         slices = run(lambda: hvd_tf.allreduce(tf.IndexedSlices(tf.constant(values),
