@@ -184,7 +184,13 @@ def _name_input(name, kind, carried=None, set_id=0):
     if carried is not None:
         name = f"{name}.{carried.name}"
     if not tf.executing_eagerly():
-        return tf.constant(name, dtype=tf.string)
+        # Behind a PlaceholderWithDefault the name is no constant, so a
+        # collective of constant inputs is never constant-folded: folding
+        # would run it while the graph is optimised, one at a time in each
+        # rank's graph order (ranks whose graphs differ then wait for each
+        # other forever), and only once instead of at every call.
+        return tf.raw_ops.PlaceholderWithDefault(input=tf.constant(name, dtype=tf.string),
+                                                 shape=[])
     # Eager string tensors are immutable: a named collective called every
     # step reuses its name tensor instead of making one per call.
     tensor = _eager_name_tensors.get(name)
@@ -649,8 +655,11 @@ _grad_names = weakref.WeakKeyDictionary()  # graph -> {name: times used in it}
 
 
 def _grad_name_input(op, suffix, set_id):
+    source = op.inputs[-1]
+    if getattr(source, "op", None) is not None and source.op.type == "PlaceholderWithDefault":
+        source = source.op.inputs[0]  # the name's constant (see _name_input)
     try:
-        forward = tf.get_static_value(op.inputs[-1])
+        forward = tf.get_static_value(source)
     except (TypeError, ValueError):
         forward = None
     if hasattr(forward, "item"):  # a numpy scalar or 0-d array

@@ -817,6 +817,8 @@ def _collective_names(concrete):
     for op in concrete.graph.get_operations():
         if op.type.startswith("Ddl"):
             const = op.inputs[1].op
+            if const.type == "PlaceholderWithDefault":  # keeps the name from being folded
+                const = const.inputs[0].op
             names.append(const.get_attr("value").string_val[0].decode())
     return names
 

@@ -769,7 +769,8 @@ def gradients_of_rank_dependent_rows_pair_up_in_a_graph():
 
     with tf.Graph().as_default():
         sums = gradients(in_graph)
-        names = [op.inputs[-1].op.get_attr("value").string_val[0].decode()
+        # The name's constant sits behind a PlaceholderWithDefault (no folding).
+        names = [op.inputs[-1].op.inputs[0].op.get_attr("value").string_val[0].decode()
                  for op in tf.compat.v1.get_default_graph().get_operations()
                  if op.type.startswith("Ddl")]
         with tf.compat.v1.Session() as session:
@@ -784,6 +785,28 @@ def gradients_of_rank_dependent_rows_pair_up_in_a_graph():
     want = [size * rank * sizes[rank] * 4 ** (dim - 1) for dim in (1, 2, 3)]
     assert [float(v) for v in graph_values] == want, (graph_values, want)
     assert traced_values == want, (traced_values, want)
+
+    # Constant inputs, and a loss whose terms each rank adds in its own
+    # order: constant folding would run the collectives while optimising
+    # the graph, in a rank-dependent order, and the ranks would wait for
+    # each other (the stall seen in Horovod's gradient checks).
+    def two_terms():
+        out = []
+        for dim in (1, 2):
+            a = tf.ones([sizes[rank]] + [4] * (dim - 1)) * rank
+            b = tf.ones([sizes[rank]] + [4] * (dim - 1)) * (rank + 1)
+            up = tf.concat([tf.ones([s] + [4] * (dim - 1)) * r for r, s in enumerate(sizes)], 0)
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                terms = [tf.reduce_sum(tf.square(ddl.allgather(t)) * up) for t in (a, b)]
+                loss = terms[0] + terms[1] if rank % 2 == 0 else terms[1] + terms[0]
+            out.extend(tf.reduce_sum(g) for g in tape.gradient(loss, [a, b]))
+        return out
+    # d/dt of sum_r sum(up * gathered_t^2) on my rows: 2 * t * (sum over ranks of my rows of up).
+    got = [float(v) for v in tf.function(two_terms)()]
+    want = [2 * value * size * rank * sizes[rank] * 4 ** (dim - 1)
+            for dim in (1, 2) for value in (rank, rank + 1)]
+    assert got == want, (got, want)
 
 
 @case
