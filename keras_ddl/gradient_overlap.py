@@ -83,7 +83,8 @@ def plan_buckets(tensors, bucket_bytes):
 
 
 def reduce_tensors(tensors, op, overlap=True, bucket_bytes=None,
-                   compression=Compression.none, name=None):
+                   compression=Compression.none, name=None, prescale_factor=1.0,
+                   postscale_factor=1.0):
     """All-reduces dense ``tensors`` (a list) in the layout chosen above.
 
     ``name``: a prefix for the collectives' names (the grouped op takes
@@ -91,21 +92,24 @@ def reduce_tensors(tensors, op, overlap=True, bucket_bytes=None,
     rank must pass the same). With ``name=None`` the ops are unnamed: in a
     graph each takes its node name (unique in the function and the same on
     every rank, which builds the same graph), eagerly the call order.
+    ``prescale_factor`` / ``postscale_factor`` multiply every tensor before
+    and after the reduction (Horovod's gradient_predivide_factor).
     """
+    factors = dict(prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     tensors = list(tensors)
     if not tensors:
         return []
     if not overlap or tf.executing_eagerly():
-        return grouped_allreduce(tensors, op=op, name=name, compression=compression)
+        return grouped_allreduce(tensors, op=op, name=name, compression=compression, **factors)
     if bucket_bytes is None:
         return [allreduce(t, op=op, compression=compression,
-                          name=None if name is None else f"{name}.{i}")
+                          name=None if name is None else f"{name}.{i}", **factors)
                 for i, t in enumerate(tensors)]
     out = [None] * len(tensors)
     for k, members in enumerate(plan_buckets(tensors, bucket_bytes)):
         reduced = grouped_allreduce([tensors[i] for i in members], op=op,
                                     name=None if name is None else f"{name}.bucket.{k}",
-                                    compression=compression)
+                                    compression=compression, **factors)
         for i, r in zip(members, reduced):
             out[i] = r
     return out

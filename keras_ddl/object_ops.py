@@ -3,11 +3,13 @@
 
 An object is pickled into bytes, carried as a uint8 tensor (its length
 first, so the receivers know how much arrives), and unpickled. Call them
-eagerly, on every rank, in the same order (or with the same ``name``).
+on every rank, in the same order (or with the same ``name``); inside a
+tf.function they run while it is traced.
 Unpickling runs code chosen by the sender: use them between the ranks of
 one job only.
 """
 
+import functools
 import pickle
 
 import numpy as np
@@ -17,10 +19,18 @@ from . import basics, process_sets
 from .ops import _check_root, allgather, auto_name, broadcast
 
 
-def _check_eager(what):
-    if not tf.executing_eagerly():
-        raise RuntimeError(f"keras_ddl: {what} works on Python objects and must be called "
-                           f"eagerly, not inside tf.function (rank {basics.rank()})")
+def _eagerly(function):
+    """Runs the object collective eagerly even while a tf.function traces:
+    a Python object exists at trace time only, so it is exchanged then (once
+    per trace, in the program order every rank follows) and the traced
+    function sees the result as a constant, as Horovod's do in a graph."""
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        if tf.executing_eagerly():
+            return function(*args, **kwargs)
+        with tf.init_scope():
+            return function(*args, **kwargs)
+    return run
 
 
 def _to_bytes(obj):
@@ -38,6 +48,7 @@ def _to_bytes(obj):
 _FAILED = -1
 
 
+@_eagerly
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Returns ``root_rank``'s ``obj`` on every rank (of ``process_set``).
 
@@ -54,7 +65,6 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
         An unpickled copy of the root's object (the root gets its own
         ``obj`` back, not a copy).
     """
-    _check_eager("broadcast_object")
     _check_root(root_rank)
     base = auto_name(name, "broadcast_object", process_sets.set_id(process_set, "broadcast_object"))
     is_root = basics.rank() == root_rank
@@ -72,6 +82,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     return obj if is_root else pickle.loads(data.numpy().tobytes())
 
 
+@_eagerly
 def allgather_object(obj, name=None, process_set=None):
     """Returns the list of every rank's ``obj`` (of ``process_set``), in rank order.
 
@@ -85,7 +96,6 @@ def allgather_object(obj, name=None, process_set=None):
         A list of ``size()`` objects, or of the set's size (unpickled
         copies, this rank's too).
     """
-    _check_eager("allgather_object")
     base = auto_name(name, "allgather_object",
                      process_sets.set_id(process_set, "allgather_object"))
     payload, why = _to_bytes(obj)

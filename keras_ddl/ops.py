@@ -184,7 +184,13 @@ def _name_input(name, kind, carried=None, set_id=0):
     if carried is not None:
         name = f"{name}.{carried.name}"
     if not tf.executing_eagerly():
-        return tf.constant(name, dtype=tf.string)
+        # Behind a PlaceholderWithDefault the name is no constant, so a
+        # collective of constant inputs is never constant-folded: folding
+        # would run it while the graph is optimised, one at a time in each
+        # rank's graph order (ranks whose graphs differ then wait for each
+        # other forever), and only once instead of at every call.
+        return tf.raw_ops.PlaceholderWithDefault(input=tf.constant(name, dtype=tf.string),
+                                                 shape=[])
     # Eager string tensors are immutable: a named collective called every
     # step reuses its name tensor instead of making one per call.
     tensor = _eager_name_tensors.get(name)
@@ -551,10 +557,26 @@ def broadcast_(variables, root_rank, name=None):
     base = auto_name(name, "broadcast_")
     if tf.executing_eagerly():
         _broadcast_packed(variables, root_rank, base)
-    else:
-        for i, v in enumerate(variables):
-            v.assign(broadcast(tf.convert_to_tensor(v), root_rank, name=f"{base}.{i}"))
-    return [tf.convert_to_tensor(v) for v in variables]
+        return [tf.convert_to_tensor(v) for v in variables]
+    return [_assign_and_read(v, broadcast(tf.convert_to_tensor(v), root_rank, name=f"{base}.{i}"))
+            for i, v in enumerate(variables)]
+
+
+def _assign_and_read(variable, value):
+    """Assigns ``value`` and returns the variable's value read after it.
+
+    In a graph the read must depend on the assignment explicitly: outside
+    tf.function (a TF1-style graph) nothing orders them, and a Keras
+    variable's ``assign`` returns no op to depend on, so its TensorFlow
+    variable is assigned directly.
+    """
+    target = variable
+    if not isinstance(target, tf.Variable) and isinstance(getattr(target, "value", None),
+                                                          tf.Variable):
+        target = target.value  # a Keras 3 variable's TensorFlow variable
+    assigned = target.assign(value, read_value=False)
+    with tf.control_dependencies([assigned] if assigned is not None else []):
+        return tf.identity(target.read_value())
 
 
 def broadcast_global_variables(root_rank):
@@ -623,8 +645,39 @@ def local_size_op(name=None):
     return _int_op(basics.local_size(), name, "ddl_local_size")
 
 
-# Gradients. Inside a graph the gradient ops are named after their nodes;
-# under an eager tape they take the eager counter, like any eager call.
+# Gradients. A gradient's collectives are named after the forward
+# collective ("<forward name>.<suffix>"), not by a counter: the order in
+# which TensorFlow builds gradients, and which graphs each rank traced
+# before, may differ between ranks (rank-dependent shapes), and counted
+# names then stop pairing up. Only a forward name that is not a constant
+# falls back to the counter.
+_grad_names = weakref.WeakKeyDictionary()  # graph -> {name: times used in it}
+
+
+def _grad_name_input(op, suffix, set_id):
+    source = op.inputs[-1]
+    if getattr(source, "op", None) is not None and source.op.type == "PlaceholderWithDefault":
+        source = source.op.inputs[0]  # the name's constant (see _name_input)
+    try:
+        forward = tf.get_static_value(source)
+    except (TypeError, ValueError):
+        forward = None
+    if hasattr(forward, "item"):  # a numpy scalar or 0-d array
+        forward = forward.item()
+    if isinstance(forward, bytes):
+        forward = forward.decode()
+    if not isinstance(forward, str) or not forward:
+        return _name_input(None, suffix, set_id=set_id)
+    name = f"{forward}.{suffix}"
+    if not tf.executing_eagerly():
+        # Two gradients of one collective in one graph would share a name.
+        used = _grad_names.setdefault(tf.compat.v1.get_default_graph(), {})
+        count = used.get(name, 0)
+        used[name] = count + 1
+        if count:
+            name = f"{name}.{count}"
+    return _name_input(name, suffix)
+
 
 @tf.RegisterGradient("DdlAllreduce")
 def _allreduce_grad(op, grad):
@@ -632,7 +685,7 @@ def _allreduce_grad(op, grad):
     if reduce_op not in (Sum, Average):
         raise LookupError(f"keras_ddl: allreduce with op={reduce_op.name} has no gradient")
     ps = op.get_attr("process_set")
-    return [op_library().ddl_allreduce(grad, _name_input(None, "allreduce.grad", set_id=ps),
+    return [op_library().ddl_allreduce(grad, _grad_name_input(op, "grad", ps),
                                        reduce_op=int(reduce_op), process_set=ps,
                                        wire_dtype=op.get_attr("wire_dtype")), None]
 
@@ -645,7 +698,7 @@ def _grouped_allreduce_grad(op, *grads):
     grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs[:-1])]
     ps = op.get_attr("process_set")
     reduced = op_library().ddl_grouped_allreduce(
-        grads, _name_input(None, "grouped_allreduce.grad", set_id=ps), reduce_op=int(reduce_op),
+        grads, _grad_name_input(op, "grad", ps), reduce_op=int(reduce_op),
         wire_dtype=op.get_attr("wire_dtype"), process_set=ps)
     return list(reduced) + [None]
 
@@ -657,14 +710,17 @@ def _allgather_grad(op, grad):
     x = op.inputs[0]
     ps = op.get_attr("process_set")
     me = process_sets.rank_in(ps)
-    summed = op_library().ddl_allreduce(grad, _name_input(None, "allgather.grad", set_id=ps),
+    summed = op_library().ddl_allreduce(grad, _grad_name_input(op, "grad", ps),
                                         reduce_op=int(Sum), process_set=ps)
     if x.shape.rank == 0:
         return [summed[me], None]
     rows = op_library().ddl_allgather(tf.shape(x, out_type=tf.int64)[:1],
-                                      _name_input(None, "allgather.grad.rows", set_id=ps),
+                                      _grad_name_input(op, "grad.rows", ps),
                                       process_set=ps)
-    offset = tf.reduce_sum(rows[:me])
+    # A mask, not rows[:me]: on rank 0 that slice is empty and constant, and
+    # a graph optimiser could then drop this collective on rank 0 alone.
+    before = tf.cast(tf.range(tf.size(rows, out_type=tf.int64)) < me, tf.int64)
+    offset = tf.reduce_sum(rows * before)
     return [tf.slice(summed, tf.concat([[offset], tf.zeros([tf.rank(x) - 1], tf.int64)], 0),
                      tf.shape(x, out_type=tf.int64)), None]
 
@@ -673,7 +729,7 @@ def _allgather_grad(op, grad):
 def _broadcast_grad(op, grad):
     root = op.get_attr("root_rank")  # the set's index of the root
     ps = op.get_attr("process_set")
-    summed = op_library().ddl_allreduce(grad, _name_input(None, "broadcast.grad", set_id=ps),
+    summed = op_library().ddl_allreduce(grad, _grad_name_input(op, "grad", ps),
                                         reduce_op=int(Sum), process_set=ps)
     if process_sets.rank_in(ps) == root:
         return [summed, None]
@@ -691,7 +747,7 @@ def _alltoall_grad(op, grad, _received_splits_grad):
     # returns every row's gradient to the rank and place it came from.
     ps = op.get_attr("process_set")
     back, _ = op_library().ddl_alltoall(grad, tf.cast(op.outputs[1], tf.int64),
-                                        _name_input(None, "alltoall.grad", set_id=ps),
+                                        _grad_name_input(op, "grad", ps),
                                         process_set=ps)
     return [back, None, None]
 
@@ -702,7 +758,7 @@ def _reducescatter_grad(op, grad):
     if reduce_op not in (Sum, Average):
         raise LookupError(f"keras_ddl: reducescatter with op={reduce_op.name} has no gradient")
     ps = op.get_attr("process_set")
-    gathered = op_library().ddl_allgather(grad, _name_input(None, "reducescatter.grad", set_id=ps),
+    gathered = op_library().ddl_allgather(grad, _grad_name_input(op, "grad", ps),
                                           process_set=ps)
     if reduce_op == Average:
         gathered = gathered / tf.cast(process_sets.size_of(ps), gathered.dtype)

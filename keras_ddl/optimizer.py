@@ -90,21 +90,26 @@ def reduce_gradients_except_local(grads, is_local, scale_local_gradients=True, *
 
 
 def reduce_gradients(grads, op=Average, compression=Compression.none, name=None,
-                     overlap_gradients=True, bucket_bytes=None):
+                     overlap_gradients=True, bucket_bytes=None, predivide_factor=1.0):
     """Reduces a list of gradients across ranks.
 
     With `overlap_gradients` (in a graph) one allreduce per gradient, or per
     bucket of `bucket_bytes`, each starting as soon as its gradients exist;
     otherwise one grouped allreduce. `None` entries stay `None`;
     `tf.IndexedSlices` come back dense. At `size() == 1` the gradients are
-    returned as they are (no collective).
+    returned as they are (no collective). `predivide_factor` (Horovod's
+    gradient_predivide_factor, with Average) divides the gradients by it
+    before the sum and multiplies the average by it after: the same
+    average, without the overflow of a float16 sum of large gradients.
     """
     grads = [None if g is None else _dense(g, i) for i, g in enumerate(grads)]
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present or basics.size() == 1:
         return grads
     reduced = reduce_tensors([grads[i] for i in present], op=op, overlap=overlap_gradients,
-                             bucket_bytes=bucket_bytes, compression=compression, name=name)
+                             bucket_bytes=bucket_bytes, compression=compression, name=name,
+                             prescale_factor=1.0 / predivide_factor,
+                             postscale_factor=predivide_factor)
     out = list(grads)
     for i, r in zip(present, reduced):
         out[i] = r
@@ -268,6 +273,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.scale_local_gradients = bool(scale_local_gradients)
         self._local_variable_ids = set()
         self._reduced_by_caller = 0
+        # Horovod's gradient_predivide_factor (set by keras_ddl.horovod).
+        self._predivide_factor = 1.0
         loss_scale.install()  # a LossScaleOptimizer around this one decides on reduced gradients
 
     # What the rest of Keras sees is the wrapped optimizer's state.
@@ -334,7 +341,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self._reduced_by_caller:
             return grads
         kwargs = dict(op=self.op, compression=self.compression, name=f"{self.name}.gradients",
-                      overlap_gradients=self.overlap_gradients, bucket_bytes=self._bucket_bytes)
+                      overlap_gradients=self.overlap_gradients, bucket_bytes=self._bucket_bytes,
+                      predivide_factor=self._predivide_factor)
         if not self._local_variable_ids:
             return reduce_gradients(grads, **kwargs)
         if variables is None:
@@ -490,6 +498,8 @@ class DistributedGradientTape:
             overlap_gradients, bucket_mb, "DistributedGradientTape")
         self._scale_local_gradients = bool(scale_local_gradients)
         self._local_source_ids = set()
+        # Horovod's gradient_predivide_factor (set by keras_ddl.horovod).
+        self._predivide_factor = 1.0
 
     def register_local_source(self, source):
         """Makes `source` rank-local: its gradient is not reduced across
@@ -515,7 +525,8 @@ class DistributedGradientTape:
                                     unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
         kwargs = dict(op=self._op, compression=self._compression, name=self._name,
-                      overlap_gradients=self._overlap, bucket_bytes=self._bucket_bytes)
+                      overlap_gradients=self._overlap, bucket_bytes=self._bucket_bytes,
+                      predivide_factor=self._predivide_factor)
         if self._local_source_ids:
             is_local = [id(s) in self._local_source_ids
                         for s in tf.nest.flatten(sources, expand_composites=False)]

@@ -7,6 +7,34 @@ from . import basics
 from .ops import Sum, allreduce
 
 
+def _drop_keras2_arguments(kwargs):
+    """Removes the Keras 2 (tf.keras) arguments Horovod's layer took: those
+    without a meaning in Keras 3 are ignored; those that would change the
+    results are refused, by name.
+
+    Ignored: `fused` (a kernel choice; the statistics are the same), and
+    `renorm=False` with its `renorm_clipping` / `renorm_momentum` (unused
+    without renorm), `virtual_batch_size=None`, `adjustment=None`.
+    Refused: `renorm=True`, a `virtual_batch_size`, an `adjustment`.
+    """
+    kwargs.pop("fused", None)
+    renorm = kwargs.pop("renorm", False)
+    clipping = kwargs.pop("renorm_clipping", None)
+    momentum = kwargs.pop("renorm_momentum", 0.99)
+    if renorm:
+        raise NotImplementedError(
+            f"keras_ddl: SyncBatchNormalization(renorm=True, renorm_clipping={clipping!r}, "
+            f"renorm_momentum={momentum!r}) is not supported: batch renormalization changes "
+            f"the results and Keras 3 has none (rank {basics.rank()})")
+    for name in ("virtual_batch_size", "adjustment"):
+        value = kwargs.pop(name, None)
+        if value is not None:
+            raise NotImplementedError(
+                f"keras_ddl: SyncBatchNormalization({name}={value!r}) is not supported: it "
+                "changes the statistics and Keras 3 has no such argument; leave it None "
+                f"(rank {basics.rank()})")
+
+
 @keras.saving.register_keras_serializable(package="keras_ddl")
 class SyncBatchNormalization(keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` over all ranks' batches together.
@@ -29,7 +57,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         `center`, `scale`, initializers, regularizers, constraints, ...),
         except `synchronized`, which must stay False (this layer
         synchronizes through keras_ddl, not through a tf.distribute
-        strategy).
+        strategy). Keras 2 arguments of Horovod's layer are accepted where
+        they change nothing (`fused`, `renorm=False`, ...) and refused by
+        name where they would (see `_drop_keras2_arguments`).
     """
 
     def __init__(self, axis=-1, momentum=0.99, epsilon=1e-3, center=True, scale=True,
@@ -37,13 +67,11 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
                  moving_mean_initializer="zeros", moving_variance_initializer="ones",
                  beta_regularizer=None, gamma_regularizer=None, beta_constraint=None,
                  gamma_constraint=None, **kwargs):
+        _drop_keras2_arguments(kwargs)
         if kwargs.pop("synchronized", False):
             raise ValueError("keras_ddl: SyncBatchNormalization(synchronized=True) is not "
                              "supported: the layer already computes statistics over all "
                              "ranks; leave synchronized at False")
-        if kwargs.get("renorm"):
-            raise NotImplementedError("keras_ddl: SyncBatchNormalization does not support "
-                                      "renorm=True")
         super().__init__(axis=axis, momentum=momentum, epsilon=epsilon, center=center,
                          scale=scale, beta_initializer=beta_initializer,
                          gamma_initializer=gamma_initializer,

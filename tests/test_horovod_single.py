@@ -166,7 +166,8 @@ def test_load_model_wraps_a_plain_optimizer(tmp_path):
     model.save(tmp_path / "plain.keras")
     loaded = hvd.load_model(str(tmp_path / "plain.keras"), compression=hvd.Compression.fp16)
     assert isinstance(loaded.optimizer, ddl.DistributedOptimizer)
-    assert loaded.optimizer.compression is hvd.Compression.fp16
+    # Horovod's FP16Compressor runs as keras_ddl's fp16 wire compression.
+    assert loaded.optimizer.compression is ddl.Compression.fp16
     x = np.ones([4, 3], np.float32)
     loaded.fit(x, np.zeros([4, 2], np.float32), verbose=0)  # it trains
 
@@ -179,8 +180,9 @@ def test_object_collectives_and_ops_on_one_process():
     assert len(gathered) == 1 and gathered[0]["b"] == "text"
     assert np.array_equal(gathered[0]["a"], np.arange(3))
     assert int(ddl.size_op()) == 1 and ddl.rank_op().dtype == tf.int32
-    with pytest.raises(RuntimeError, match="eagerly"):
-        tf.function(lambda: ddl.broadcast_object(1))()
+    # Inside a tf.function the object is exchanged while tracing, and the
+    # traced function returns it as a constant.
+    assert int(tf.function(lambda: ddl.broadcast_object(7) + tf.constant(1))()) == 8
     with pytest.raises(TypeError, match="prescale_factor"):
         ddl.allreduce(tf.ones([2]), prescale_factor="2")
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "../negotiation/coordinator.h"
 #include "../transport/tags.h"
 #include "thread_priority.h"
 
@@ -471,7 +472,8 @@ bool Engine::RunCycle() {
     if (it == works_.end()) continue;
     Work refused = std::move(it->second);
     works_.erase(it);
-    Finish(refused, Status::InvalidArgument(message + ctx_->Where()));
+    Finish(refused, IsMismatch(message) ? Status::FailedPrecondition(message + ctx_->Where())
+                                        : Status::InvalidArgument(message + ctx_->Where()));
   }
   if (ctx_->timeline) {
     const auto now = std::chrono::steady_clock::now();

@@ -197,7 +197,7 @@ ResponseList Coordinator::Respond() {
       out.errors.emplace_back(name, std::string(CollectiveName(first.collective)) +
                                         " of tensor '" + name + "': " + mismatch);
     } else if (!mismatch.empty()) {
-      out.errors.emplace_back(name, "Mismatched " + std::string(CollectiveName(first.collective)) +
+      out.errors.emplace_back(name, kMismatchPrefix + std::string(CollectiveName(first.collective)) +
                                         " for tensor '" + name + "': " + mismatch);
     } else if (!refusal.empty()) {
       out.errors.emplace_back(name, std::string(CollectiveName(first.collective)) +

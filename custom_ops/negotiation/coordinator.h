@@ -15,6 +15,14 @@
 
 namespace ddl {
 
+// How a refusal of ranks that disagree about one collective begins; the
+// engine reports those as a failed precondition (Horovod's class for the
+// case), and the other refusals as invalid arguments.
+constexpr char kMismatchPrefix[] = "Mismatched ";
+inline bool IsMismatch(const std::string& refusal) {
+  return refusal.rfind(kMismatchPrefix, 0) == 0;
+}
+
 class Coordinator {
  public:
   using Clock = std::chrono::steady_clock;

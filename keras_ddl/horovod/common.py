@@ -148,12 +148,17 @@ def reduce_op(op, average, function, default=ddl.Average):
 
 
 def check_compression(compression, function):
-    """Horovod's Compression.none / .fp16 are keras_ddl's; others are refused."""
-    if compression in (ddl.Compression.none, ddl.Compression.fp16, ddl.Compression.bf16):
-        return compression
-    raise NotImplementedError(
-        f"keras_ddl.horovod: {function}(compression={compression!r}): only Compression.none, "
-        ".fp16 and .bf16 are supported (custom compressors are not)")
+    """keras_ddl's compression for Horovod's `compression` argument of the
+    gradient reductions (Compression.none, .fp16; keras_ddl's .bf16); a
+    custom Compressor is refused there, naming the argument."""
+    from .tensorflow.compression import engine_compression
+    wire, compressor = engine_compression(compression, function)
+    if compressor is not None:
+        raise NotImplementedError(
+            f"keras_ddl.horovod: {function}(compression={compression!r}): gradients are "
+            "compressed by keras_ddl's engine, with Compression.none, .fp16 or .bf16 only; "
+            f"a custom Compressor works with hvd.allreduce (rank {basics.rank()})")
+    return wire
 
 
 def check_session(session, function):

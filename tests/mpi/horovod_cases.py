@@ -217,7 +217,9 @@ def grouped_allreduce_indexed_slices():
     reference = np.zeros(dense_shape, np.float32)
     for r in range(size):
         np.add.at(reference, [r, r + 1], rank_values(r, [2, 3]))
-    scaled = hvd_tf.allreduce(slices, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    # keras_ddl's own API scales slices (Horovod's refuses: see
+    # front_door_indexed_slices_errors_as_horovod).
+    scaled = ddl.allreduce(slices, op=ddl.Sum, prescale_factor=2.0, postscale_factor=0.25)
     assert isinstance(scaled, tf.IndexedSlices), type(scaled)
     assert_equal(scaled.values, all_values * 0.5, "slices with pre and post factors")
     traced = tf.function(lambda v, i: ddl.grouped_allreduce(
@@ -245,11 +247,11 @@ def global_batch(channels_shape, seed):
     return batches, np.concatenate(batches)
 
 
-def check_sync_batch_norm(channels_shape, traced):
+def check_sync_batch_norm(channels_shape, traced, **layer_kwargs):
     batches, everything = global_batch(channels_shape, seed=20)
     out_weights = [np.random.default_rng(50 + r).normal(size=b.shape).astype(np.float32)
                    for r, b in enumerate(batches)]
-    sync = hvd.SyncBatchNormalization(momentum=0.5, epsilon=1e-3)
+    sync = hvd.SyncBatchNormalization(momentum=0.5, epsilon=1e-3, **layer_kwargs)
     plain = keras.layers.BatchNormalization(momentum=0.5, epsilon=1e-3)
     for layer in (sync, plain):
         layer.build(everything.shape)
@@ -553,6 +555,378 @@ def front_door_process_set_of_every_rank_and_removal():
     halves = MPI.COMM_WORLD.Split(color=rank % 2, key=-rank)
     assert hvd.ProcessSet(halves).ranks == [r for r in range(size) if r % 2 == rank % 2]
     halves.Free()
+
+
+# --- Issue #31: the front door computes and raises what Horovod does -------
+
+def both_ways(check):
+    """Runs `check(run)` eagerly and with every front-door call traced in a
+    tf.function (`run(fn)` calls `fn()` either way)."""
+    check(lambda fn: fn())
+    check(lambda fn: tf.function(fn)())
+
+
+def expect_all(call, error, words, what):
+    """`expect_error` that also names the class it got when it is another."""
+    try:
+        call()
+    except error as e:
+        assert all(w in str(e) for w in words), (what, str(e))
+    except Exception as e:  # noqa: BLE001 - the wrong class is the failure
+        raise AssertionError(f"{what}: {type(e).__name__} instead of {error.__name__} on rank "
+                             f"{rank}: {e}") from None
+    else:
+        raise AssertionError(f"{what}: no {error.__name__} on rank {rank}")
+
+
+@case
+def front_door_mismatch_is_failed_precondition():
+    """Ranks that disagree on shape, dtype or root fail every rank with
+    Horovod's FailedPreconditionError, eagerly and in tf.function."""
+    step = iter(range(100))
+
+    def check(run):
+        k = next(step)
+        attempts = {
+            "shape": lambda: hvd_tf.allreduce(tf.ones([2 + rank % 2]), op=hvd.Sum,
+                                              name=f"hvd.mm.shape.{k}"),
+            "dtype": lambda: hvd_tf.allgather(tf.ones([2], tf.int32 if rank == 0 else tf.float32),
+                                              name=f"hvd.mm.dtype.{k}"),
+            "root_rank": lambda: hvd_tf.broadcast(tf.ones([2]), root_rank=0 if rank == 0 else 1,
+                                                  name=f"hvd.mm.root.{k}"),
+        }
+        for what, call in attempts.items():
+            expect_all(lambda: run(call), tf.errors.FailedPreconditionError,
+                       [what, "hvd.mm.", f"rank {rank}"], f"mismatched {what}")
+    both_ways(check)
+    # The engine goes on afterwards.
+    assert_equal(hvd_tf.allreduce([1.0], op=hvd.Sum, name="hvd.mm.after"),
+                 np.array([size], np.float32), "after the mismatches")
+
+
+def horovod_int_result(inputs, dtype, op, pre, post, n):
+    """What Horovod computes on integers: float32 factors, each input scaled
+    in float64 and truncated, the sum in the dtype (wrapping), then the
+    result scaled by post (divided by n for Average) in float64, truncated."""
+    pre32, post32 = float(np.float32(pre)), float(np.float32(post))
+    scaled = [(x.astype(np.float64) * pre32).astype(dtype) for x in inputs]
+    total = np.sum(scaled, axis=0, dtype=dtype)
+    factor = post32 / n if op == hvd.Average else post32
+    return (total.astype(np.float64) * factor).astype(dtype)
+
+
+@case
+def front_door_integer_average_and_factors_as_horovod():
+    # 10 * float32(0.7) = 6.99999988: Horovod truncates it to 6, where a
+    # float64 factor gives 7; the sums stay inside int8 and uint8.
+    def mine(r):
+        return np.array([10, 3, 7 + r, 1, 2 * r], np.int64)
+    step = iter(range(100))
+
+    combos = [(dtype, op, pre, post) for dtype in (np.uint8, np.int8, np.int32, np.int64)
+              for op, pre, post in ((hvd.Average, 1.0, 1.0), (hvd.Sum, 0.7, 1.0),
+                                    (hvd.Sum, 1.0, 0.7), (hvd.Average, 0.7, 1.5))]
+
+    def calls():
+        """Every reduction of the check, in one function (traced once)."""
+        out = [hvd_tf.allreduce(tf.constant(mine(rank).astype(dtype)), op=op,
+                                prescale_factor=pre, postscale_factor=post)
+               for dtype, op, pre, post in combos]
+        for dtype in (np.uint8, np.int32):
+            x = tf.constant(mine(rank).astype(dtype))
+            out.extend(hvd_tf.grouped_allreduce([x, 2 * x], op=hvd.Average))
+        return out
+
+    def check(run):
+        k = next(step)
+        got = run(calls)
+        for result, (dtype, op, pre, post) in zip(got, combos):
+            inputs = [mine(r).astype(dtype) for r in range(size)]
+            assert_equal(result, horovod_int_result(inputs, dtype, op, pre, post, size),
+                         f"{np.dtype(dtype).name} {op.name} pre {pre} post {post} ({k})")
+        for i, dtype in enumerate((np.uint8, np.int32)):
+            inputs = [mine(r).astype(dtype) for r in range(size)]
+            a, b = got[len(combos) + 2 * i:len(combos) + 2 * i + 2]
+            assert_equal(a, horovod_int_result(inputs, dtype, hvd.Average, 1, 1, size),
+                         "grouped int Average [0]")
+            assert_equal(b, horovod_int_result([2 * x for x in inputs], dtype, hvd.Average,
+                                               1, 1, size), "grouped int Average [1]")
+        rows = np.arange(size * 2, dtype=np.int32) * (rank + 1)
+        got = run(lambda: hvd_tf.reducescatter(tf.constant(rows)))  # Average by default
+        every = [np.arange(size * 2, dtype=np.int32) * (r + 1) for r in range(size)]
+        assert_equal(got, horovod_int_result(every, np.int32, hvd.Average, 1, 1, size)
+                     [block(rank, 2 * size)], "reducescatter int32 Average")
+        # bool is no integer: its Average stays refused, on every rank.
+        expect_all(lambda: run(lambda: hvd_tf.allreduce(tf.constant([True]), op=hvd.Average,
+                                                        name=f"hvd.bool_average.{k}")),
+                   tf.errors.InvalidArgumentError, ["op=Average", f"rank {rank}"], "bool Average")
+        # IndexedSlices: Average divides with /, so int32 values come back float64.
+        values = np.array([[rank + 1, 2]], np.int32)
+        slices = run(lambda: hvd_tf.allreduce(tf.IndexedSlices(tf.constant(values),
+                                                               tf.constant([rank]))))
+        want = np.concatenate([[[r + 1, 2]] for r in range(size)]).astype(np.float64) / size
+        assert_equal(slices.values, want, "IndexedSlices int32 Average")
+    both_ways(check)
+
+
+@case
+def front_door_indexed_slices_errors_as_horovod():
+    slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([rank]), tf.constant([size, 2]))
+
+    def check(run):
+        for op in (hvd.Min, hvd.Max, hvd.Product):
+            expect_all(lambda: run(lambda: hvd_tf.allreduce(slices, op=op)), NotImplementedError,
+                       [f"op={op.name}", "Sum and Average", "tensor", f"rank {rank}"],
+                       f"IndexedSlices {op.name}")
+        expect_all(lambda: run(lambda: hvd_tf.grouped_allreduce([tf.ones([2]), slices],
+                                                                op=hvd.Max)),
+                   NotImplementedError, ["op=Max", "tensors[1]", f"rank {rank}"],
+                   "grouped IndexedSlices Max")
+        for factors in (dict(prescale_factor=2.0), dict(postscale_factor=0.5)):
+            expect_all(lambda: run(lambda: hvd_tf.allreduce(slices, op=hvd.Sum, **factors)),
+                       NotImplementedError, ["prescale_factor", "IndexedSlices", f"rank {rank}"],
+                       f"IndexedSlices {factors}")
+    both_ways(check)
+    # Nothing was sent: the next collective pairs up.
+    assert_equal(hvd_tf.allreduce([1.0], op=hvd.Sum, name="hvd.slices.after"),
+                 np.array([size], np.float32), "after the refusals")
+
+
+def gradient_of(run, forward, variable, upstream):
+    """d(sum(forward(variable) * upstream))/d(variable), eagerly or traced."""
+    def grad():
+        with tf.GradientTape() as tape:
+            out = forward(variable)
+        return tape.gradient(out, variable, output_gradients=tf.constant(upstream))
+    return run(grad)
+
+
+@case
+def front_door_gradients_are_horovods():
+    """allgather/grouped_allgather (rank-dependent rows), broadcast and
+    (grouped_)reducescatter gradients as Horovod defines them, eagerly and in
+    tf.function, with several float dtypes and dimensions in one function
+    (Horovod's own check, which stalled before)."""
+    sizes = [3, 2, 7][:size]
+
+    def check(run):
+        for dtype, dim in ((np.float32, 1), (np.float64, 2), (np.float32, 3)):
+            tail = [5] * (dim - 1)
+            v = tf.Variable(np.full([sizes[rank], *tail], rank, dtype))
+            ups = [np.concatenate([np.full([s, *tail], 10 * q + r, dtype)
+                                   for r, s in enumerate(sizes)]) for q in range(size)]
+            start = sum(sizes[:rank])
+            mean = np.mean(ups, axis=0).astype(dtype)
+            assert_equal(gradient_of(run, lambda t: hvd_tf.allgather(t), v, ups[rank]),
+                         mean[start:start + sizes[rank]], f"allgather grad {dim}d")
+            assert_equal(gradient_of(run, lambda t: hvd_tf.grouped_allgather([t])[0], v,
+                                     ups[rank]),
+                         mean[start:start + sizes[rank]], f"grouped_allgather grad {dim}d")
+            w = tf.Variable(np.full([2, *tail], rank, dtype))
+            ups = [np.full([2, *tail], q + 1, dtype) for q in range(size)]
+            want = np.mean(ups, axis=0).astype(dtype) if rank == size - 1 else \
+                np.zeros([2, *tail], dtype)
+            assert_equal(gradient_of(run, lambda t: hvd_tf.broadcast(t, size - 1), w, ups[rank]),
+                         want, f"broadcast grad {dim}d")
+            x = tf.Variable(np.ones([size * 2, *tail], dtype))
+            ups = [np.full([2, *tail], q + 1, dtype) for q in range(size)]
+            for op, factor in ((hvd.Sum, size), (hvd.Average, 1)):
+                want = np.concatenate(ups) * dtype(factor)
+                assert_equal(gradient_of(run, lambda t: hvd_tf.reducescatter(t, op=op), x,
+                                         ups[rank]), want, f"reducescatter {op.name} grad")
+                # Horovod's gradient leaves the factors out.
+                assert_equal(gradient_of(run, lambda t: hvd_tf.grouped_reducescatter(
+                    [t], op=op, prescale_factor=2.0, postscale_factor=0.5)[0], x, ups[rank]),
+                    want, f"grouped_reducescatter {op.name} grad with factors")
+    both_ways(check)
+
+
+@case
+def gradients_of_rank_dependent_rows_pair_up_in_a_graph():
+    """keras_ddl's own allgather gradients with rank-dependent rows, several
+    in one TF1-style graph and in one tf.function (Horovod's allgather
+    gradient check, through keras_ddl's API): each gradient collective is
+    named after its forward one, and the row offset is not a slice that a
+    graph optimiser could fold away on rank 0 alone."""
+    sizes = [3, 2, 7][:size]
+
+    def gradients(differentiate):
+        out = []
+        for dim in (1, 2, 3):
+            t = tf.ones([sizes[rank]] + [4] * (dim - 1)) * rank
+            up = tf.concat([tf.ones([s] + [4] * (dim - 1)) * r for r, s in enumerate(sizes)], 0)
+            out.append(tf.reduce_sum(differentiate(t, up)))
+        return out
+
+    def in_graph(t, up):
+        return tf.gradients(ddl.allgather(t), t, up)[0]
+
+    def taped(t, up):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            gathered = ddl.allgather(t)
+        return tape.gradient(gathered, t, up)
+
+    with tf.Graph().as_default():
+        sums = gradients(in_graph)
+        # The name's constant sits behind a PlaceholderWithDefault (no folding).
+        names = [op.inputs[-1].op.inputs[0].op.get_attr("value").string_val[0].decode()
+                 for op in tf.compat.v1.get_default_graph().get_operations()
+                 if op.type.startswith("Ddl")]
+        with tf.compat.v1.Session() as session:
+            graph_values = session.run(sums)
+    # Each gradient collective carries its forward collective's name.
+    forward = [n for n in names if ".grad" not in n]
+    assert sorted(n for n in names if ".grad" in n) == sorted(
+        [f"{f}.grad" for f in forward] + [f"{f}.grad.rows" for f in forward]), names
+    traced_values = [float(v) for v in tf.function(lambda: gradients(taped))()]
+    # keras_ddl's own gradient: the Sum over ranks of their upstream rows
+    # (every rank's upstream is the same: rank r's rows hold r).
+    want = [size * rank * sizes[rank] * 4 ** (dim - 1) for dim in (1, 2, 3)]
+    assert [float(v) for v in graph_values] == want, (graph_values, want)
+    assert traced_values == want, (traced_values, want)
+
+    # Constant inputs, and a loss whose terms each rank adds in its own
+    # order: constant folding would run the collectives while optimising
+    # the graph, in a rank-dependent order, and the ranks would wait for
+    # each other (the stall seen in Horovod's gradient checks).
+    def two_terms():
+        out = []
+        for dim in (1, 2):
+            a = tf.ones([sizes[rank]] + [4] * (dim - 1)) * rank
+            b = tf.ones([sizes[rank]] + [4] * (dim - 1)) * (rank + 1)
+            up = tf.concat([tf.ones([s] + [4] * (dim - 1)) * r for r, s in enumerate(sizes)], 0)
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                terms = [tf.reduce_sum(tf.square(ddl.allgather(t)) * up) for t in (a, b)]
+                loss = terms[0] + terms[1] if rank % 2 == 0 else terms[1] + terms[0]
+            out.extend(tf.reduce_sum(g) for g in tape.gradient(loss, [a, b]))
+        return out
+    # d/dt of sum_r sum(up * gathered_t^2) on my rows: 2 * t * (sum over ranks of my rows of up).
+    got = [float(v) for v in tf.function(two_terms)()]
+    want = [2 * value * size * rank * sizes[rank] * 4 ** (dim - 1)
+            for dim in (1, 2) for value in (rank, rank + 1)]
+    assert got == want, (got, want)
+
+
+@case
+def broadcast_in_place_in_graphs_returns_the_new_values():
+    """broadcast_ returns (and leaves) the root's values inside tf.function and
+    in a TF1-style graph, where nothing else orders the read after the
+    assignment."""
+    root = size - 1
+    for dtype in (np.float32, np.int32, np.uint8, np.float16):
+        v = tf.Variable(np.full([3], rank, dtype))
+        k = keras.Variable(np.full([2], rank + 1, np.float32))
+        got = tf.function(lambda: hvd_tf.broadcast_([v, k], root))()
+        assert_equal(got[0], np.full([3], root, dtype), f"tf.function {np.dtype(dtype).name}")
+        assert_equal(v.numpy(), np.full([3], root, dtype), "variable after tf.function")
+        assert_equal(got[1], np.full([2], root + 1, np.float32), "keras variable")
+    with tf.Graph().as_default():
+        v = tf.compat.v1.Variable(np.full([3], rank, np.float32))
+        value, = ddl.broadcast_([v], root)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            assert_equal(session.run(value), np.full([3], root, np.float32), "TF1 graph value")
+            assert_equal(session.run(v), np.full([3], root, np.float32), "TF1 graph variable")
+
+
+@case
+def object_collectives_inside_tf_function():
+    @tf.function
+    def exchange(x):
+        config = hvd_tf.broadcast_object({"lr": 0.1 * (rank + 1), "rank": rank}, root_rank=size - 1)
+        everyone = hvd_tf.allgather_object(rank * 10)
+        return x * config["lr"] + float(sum(everyone))
+
+    got = exchange(tf.constant(1.0)).numpy()
+    np.testing.assert_allclose(got, 0.1 * size + 10 * sum(range(size)), rtol=1e-6)
+    assert hvd.broadcast_object("eager after", root_rank=0) == "eager after"
+
+
+class DoubleCompressor(hvd_tf.Compressor):
+    """A custom compressor: carries floats as float64 (exact here)."""
+
+    @staticmethod
+    def compress(tensor):
+        return tf.cast(tensor, tf.float64), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tf.cast(tensor, ctx)
+
+
+@case
+def compression_classes_are_horovods():
+    x = rank_values(rank, [4])
+    total = np.sum([rank_values(r, [4]) for r in range(size)], axis=0)
+
+    def check(run):
+        compressed = run(lambda: hvd.Compression.fp16.compress(tf.constant(x))[0])
+        assert compressed.dtype == tf.float16, compressed.dtype
+        restored = run(lambda: hvd.Compression.fp16.decompress(
+            *hvd.Compression.fp16.compress(tf.constant(x))))
+        assert_equal(restored, x, "fp16 round trip")
+        assert hvd.Compression.fp16.compress(tf.constant(x))[1] == tf.float32, "ctx"
+        ints, ctx = hvd.Compression.fp16.compress(tf.constant([1, 2]))
+        assert ints.dtype == tf.int32 and ctx == tf.int32, "integers are not compressed"
+        same, none_ctx = hvd.Compression.none.compress(tf.constant(x))
+        assert none_ctx is None and hvd.Compression.none.decompress(same, None) is same
+        for compression in (hvd.Compression.fp16, DoubleCompressor, DoubleCompressor()):
+            got = run(lambda: hvd_tf.allreduce(tf.constant(x), op=hvd.Sum,
+                                               compression=compression))
+            assert_equal(got, total, f"allreduce with {compression}")
+        got = run(lambda: hvd_tf.reducescatter(tf.constant(np.stack([x] * size)), op=hvd.Sum,
+                                               compression=hvd.Compression.fp16))
+        assert_equal(got, np.stack([total] * size)[block(rank, size)], "reducescatter fp16")
+    both_ways(check)
+    expect_all(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                compression=DoubleCompressor),
+               NotImplementedError, ["compression=", f"rank {rank}"], "custom compressor")
+
+
+@case
+def gradient_predivide_factor_keeps_float16_average_finite():
+    """Horovod divides by gradient_predivide_factor before the sum and by
+    size/factor after: float16 gradients whose plain sum overflows (every
+    rank contributes about 40000, the float16 maximum is 65504) average to a
+    finite value with factor size, eagerly and in tf.function."""
+    w = tf.Variable(np.ones([3], np.float16))
+    # Multiples of 32, so exact in float16 (its spacing above 32768).
+    scale = np.float16(40000 - 1024 * rank)
+    expected = np.mean([np.float32(40000 - 1024 * r) for r in range(size)])
+
+    def check(run):
+        def grads(factor):
+            def fn():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(w * tf.constant(scale))
+                tape = hvd_tf.DistributedGradientTape(tape, gradient_predivide_factor=factor)
+                return tape.gradient(loss, [w])[0]
+            return run(fn).numpy()
+        assert not np.all(np.isfinite(grads(1.0))), "the float16 sum did not overflow"
+        got = grads(float(size))
+        assert np.all(np.isfinite(got)), got
+        np.testing.assert_allclose(got.astype(np.float32), np.full([3], expected, np.float32),
+                                   rtol=2e-3)
+    both_ways(check)
+    # The optimizer honours it too: SGD(1) from 0 lands on minus the average.
+    v = keras.Variable(np.zeros([2], np.float32))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), gradient_predivide_factor=4.0)
+    optimizer.apply([tf.constant(rank_values(rank, [2]))], [v])
+    np.testing.assert_allclose(v.numpy(), -np.mean([rank_values(r, [2]) for r in range(size)], 0),
+                               rtol=1e-6)
+
+
+@case
+def sync_batch_norm_takes_keras2_arguments():
+    check_sync_batch_norm([4], traced=False, fused=False, renorm=False, virtual_batch_size=None)
+    check_sync_batch_norm([4], traced=True, fused=True)
+    for kwargs, word in ((dict(renorm=True), "renorm=True"),
+                         (dict(virtual_batch_size=2), "virtual_batch_size=2"),
+                         (dict(adjustment=lambda shape: (1.0, 0.0)), "adjustment=")):
+        expect_all(lambda: hvd.SyncBatchNormalization(**kwargs), NotImplementedError,
+                   [word, f"rank {rank}"], str(kwargs))
 
 
 if __name__ == "__main__":

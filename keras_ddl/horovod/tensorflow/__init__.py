@@ -16,7 +16,7 @@ import tensorflow as tf
 import keras_ddl as ddl
 from keras_ddl.basics import (cross_rank, cross_size, is_initialized, local_rank,  # noqa: F401
                               local_size, rank, shutdown, size)
-from keras_ddl.ops import Average, Compression, Max, Min, Product, Sum  # noqa: F401
+from keras_ddl.ops import Average, Max, Min, Product, Sum  # noqa: F401
 from keras_ddl.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F401
@@ -26,68 +26,122 @@ from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F4
                       nccl_built, reduce_op, refuse_elastic, remove_process_set, rocm_built,
                       start_timeline, stop_timeline)
 from ..common import set_by_id as _set_by_id
+from . import _arithmetic, _gradients
+from .compression import (Compression, Compressor, FP16Compressor,  # noqa: F401
+                          NoneCompressor, engine_compression)
 
 
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
               compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
               name=None, process_set=global_process_set, ignore_name_scope=False):
-    """Reduces a tensor (or tf.IndexedSlices) over all ranks (or `process_set`'s).
+    """Reduces a tensor (or tf.IndexedSlices) over all ranks (or `process_set`'s),
+    computing what Horovod computes (see `_arithmetic`): integer Average is
+    defined (truncated), factors are float32 and scale integers in float64.
 
     Args:
         tensor: The tensor, variable or tf.IndexedSlices to reduce.
         average: Deprecated: True is op=Average, False op=Sum.
         device_dense, device_sparse: Ignored.
-        compression: Compression.none, .fp16 (or keras_ddl's .bf16).
-        op: Average (default), Sum, Min, Max or Product.
-        prescale_factor, postscale_factor: Multiply before / after the reduction.
+        compression: Compression.none, .fp16, or a Compressor subclass.
+        op: Average (default), Sum, Min, Max or Product (IndexedSlices:
+            Sum or Average, NotImplementedError otherwise).
+        prescale_factor, postscale_factor: Multiply before / after the
+            reduction (not with IndexedSlices: NotImplementedError).
         name: Name of the collective (the same on every rank), or None.
         process_set: The ranks that take part (default: every rank); a
             registered ProcessSet that includes this rank.
         ignore_name_scope: Ignored.
     """
     process_set = check_process_set(process_set, "allreduce")
-    return ddl.allreduce(tensor, op=reduce_op(op, average, "allreduce"), name=name,
-                         compression=check_compression(compression, "allreduce"),
-                         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                         process_set=process_set)
+    op = reduce_op(op, average, "allreduce")
+    pre = _arithmetic.as_attr(prescale_factor, "prescale_factor")
+    post = _arithmetic.as_attr(postscale_factor, "postscale_factor")
+    if isinstance(tensor, tf.IndexedSlices):
+        _arithmetic.check_slices(op, pre, post, "tensor", "allreduce")
+        return _arithmetic.allreduce_slices(tensor, op, name, process_set)
+    wire, compressor = engine_compression(compression, "allreduce")
+    tensor, ctx = _compress(compressor, tf.convert_to_tensor(tensor))
+    out = _arithmetic.allreduce_dense(tensor, op, name, wire, pre, post, process_set)
+    return compressor.decompress(out, ctx) if compressor is not None else out
+
+
+def _compress(compressor, tensor):
+    return (tensor, None) if compressor is None else compressor.compress(tensor)
 
 
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
-    """Reduces a list of tensors (tf.IndexedSlices are gathered) in one group.
+    """Reduces a list of tensors in one group (tf.IndexedSlices among them
+    are gathered, as Horovod does).
 
     Args: as `allreduce`, with `tensors` a list.
     """
     process_set = check_process_set(process_set, "grouped_allreduce")
-    return ddl.grouped_allreduce(tensors, op=reduce_op(op, average, "grouped_allreduce"),
-                                 name=name,
-                                 compression=check_compression(compression, "grouped_allreduce"),
-                                 prescale_factor=prescale_factor,
-                                 postscale_factor=postscale_factor, process_set=process_set)
+    op = reduce_op(op, average, "grouped_allreduce")
+    pre = _arithmetic.as_attr(prescale_factor, "prescale_factor")
+    post = _arithmetic.as_attr(postscale_factor, "postscale_factor")
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    out = [None] * len(tensors)
+    if sparse:
+        for i in sparse:
+            _arithmetic.check_slices(op, pre, post, f"tensors[{i}]", "grouped_allreduce")
+        name = _group_name(name, "grouped_allreduce", process_set)
+        for i in sparse:
+            out[i] = _arithmetic.allreduce_slices(tensors[i], op, f"{name}.slices{i}",
+                                                  process_set)
+    dense = [i for i in range(len(tensors)) if i not in sparse]
+    if dense:
+        wire, compressor = engine_compression(compression, "grouped_allreduce")
+        packed = [_compress(compressor, tf.convert_to_tensor(tensors[i])) for i in dense]
+        reduced = _arithmetic.grouped_allreduce_dense([t for t, _ in packed], op, name, wire,
+                                                      pre, post, process_set)
+        for i, r, (_, ctx) in zip(dense, reduced, packed):
+            out[i] = compressor.decompress(r, ctx) if compressor is not None else r
+    return out
 
 
 def _compressed_reducescatter(tensor, compression, op, name, prescale_factor, postscale_factor,
-                              process_set):
+                              process_set, function):
+    """Horovod's order: compress, reduce-scatter (with the factors), decompress."""
+    wire, compressor = engine_compression(compression, function)
     tensor = tf.convert_to_tensor(tensor)
-    wire = compression.wire_dtype
-    cast = wire is not None and tensor.dtype.is_floating and tensor.dtype != wire
-    out = ddl.reducescatter(tf.cast(tensor, wire) if cast else tensor, op=op, name=name,
-                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                            process_set=process_set)
-    return tf.cast(out, tensor.dtype) if cast else out
+    if compressor is None and wire.wire_dtype is not None:
+        compressor = FP16Compressor if wire.wire_dtype == tf.float16 else _Bf16Cast
+    tensor, ctx = _compress(compressor, tensor)
+    out = _gradients.reducescatter(tensor, op, name,
+                                   _arithmetic.as_attr(prescale_factor, "prescale_factor"),
+                                   _arithmetic.as_attr(postscale_factor, "postscale_factor"),
+                                   process_set)
+    return compressor.decompress(out, ctx) if compressor is not None else out
+
+
+class _Bf16Cast(FP16Compressor):
+    """keras_ddl's Compression.bf16 as a Python cast (reducescatter has no wire dtype)."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating:
+            return tf.cast(tensor, tf.bfloat16), tensor.dtype
+        return tensor, tensor.dtype
 
 
 def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False,
                   prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces over ranks (or `process_set`'s) and returns this rank's rows of axis 0.
+    """Reduces over ranks (or `process_set`'s) and returns this rank's rows of
+    axis 0; integer Average and the factors as Horovod computes them, and
+    Horovod's gradient (the gathered gradient, times the set's size for Sum).
 
     Args:
         tensor: The tensor to reduce and split.
         device_dense, ignore_name_scope: Ignored.
-        compression: Compression.none or .fp16 (cast before and after).
+        compression: Compression.none, .fp16 (cast before and after) or a
+            Compressor subclass.
         op: Average (default, as Horovod; keras_ddl's own default is Sum),
             Sum, Min, Max or Product.
         name: Name of the collective, or None.
@@ -96,9 +150,9 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
         prescale_factor, postscale_factor: Multiply before / after.
     """
     process_set = check_process_set(process_set, "reducescatter")
-    return _compressed_reducescatter(tensor, check_compression(compression, "reducescatter"),
-                                     reduce_op(op, None, "reducescatter"), name,
-                                     prescale_factor, postscale_factor, process_set)
+    return _compressed_reducescatter(tensor, compression, reduce_op(op, None, "reducescatter"),
+                                     name, prescale_factor, postscale_factor, process_set,
+                                     "reducescatter")
 
 
 def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
@@ -109,12 +163,11 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
     Args: as `reducescatter`, with `tensors` a list.
     """
     process_set = check_process_set(process_set, "grouped_reducescatter")
-    compression = check_compression(compression, "grouped_reducescatter")
     op = reduce_op(op, None, "grouped_reducescatter")
     # Member i is "<base>.<i>", as ddl.grouped_reducescatter names it.
     base = _group_name(None, "grouped_reducescatter", process_set)
     return [_compressed_reducescatter(t, compression, op, f"{base}.{i}", prescale_factor,
-                                      postscale_factor, process_set)
+                                      postscale_factor, process_set, "grouped_reducescatter")
             for i, t in enumerate(tensors)]
 
 
@@ -125,7 +178,8 @@ def _group_name(name, kind, process_set):
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Concatenates every rank's tensor (or `process_set`'s ranks') along axis 0.
+    """Concatenates every rank's tensor (or `process_set`'s ranks') along axis
+    0; its gradient is Horovod's (this rank's rows of the averaged gradient).
 
     Args:
         tensor: The tensor (first dimension may differ between ranks).
@@ -135,7 +189,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
             registered ProcessSet that includes this rank.
     """
     process_set = check_process_set(process_set, "allgather")
-    return ddl.allgather(tensor, name=name, process_set=process_set)
+    return _gradients.allgather(tensor, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
@@ -143,13 +197,13 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     """`allgather` of each tensor of a list. Args: as `allgather`."""
     process_set = check_process_set(process_set, "grouped_allgather")
     base = _group_name(name, "grouped_allgather", process_set)
-    return [ddl.allgather(t, name=f"{base}.{i}", process_set=process_set)
-            for i, t in enumerate(tensors)]
+    return [_gradients.allgather(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
-    """Returns `root_rank`'s tensor on every rank (of `process_set`).
+    """Returns `root_rank`'s tensor on every rank (of `process_set`); its
+    gradient is Horovod's (the averaged gradient on the root, zeros elsewhere).
 
     Args:
         tensor: The tensor (same shape on every rank).
@@ -161,7 +215,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
             registered ProcessSet that includes this rank.
     """
     process_set = check_process_set(process_set, "broadcast")
-    return ddl.broadcast(tensor, root_rank=root_rank, name=name, process_set=process_set)
+    return _gradients.broadcast(tensor, root_rank, name, process_set)
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
@@ -299,6 +353,10 @@ def check_gradient_args(function, op, gradient_predivide_factor, num_groups, gro
     if op not in (Average, Sum):
         raise ValueError(f"keras_ddl.horovod: {function}(op={op.name}): gradients are reduced "
                          "with Average or Sum")
+    if isinstance(gradient_predivide_factor, bool) or not isinstance(
+            gradient_predivide_factor, (int, float)) or not gradient_predivide_factor > 0:
+        raise ValueError(f"keras_ddl.horovod: {function}(gradient_predivide_factor="
+                         f"{gradient_predivide_factor!r}) must be a number > 0 (rank {rank()})")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError(f"keras_ddl.horovod: {function}(gradient_predivide_factor="
                          f"{gradient_predivide_factor!r}) needs op=Average")
@@ -322,8 +380,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         compression: Compression.none or .fp16.
         sparse_as_dense: Accepted; sparse gradients are always made dense.
         op: Average (default) or Sum.
-        gradient_predivide_factor: Accepted with op=Average; the average is
-            the same (keras_ddl divides the sum once).
+        gradient_predivide_factor: With op=Average, divide the gradients by
+            it before the sum and the sum by size() / factor after, as
+            Horovod does (a float16 sum then overflows less).
         num_groups, groups: Must be 0 / None.
         process_set: Must be the global set (NotImplementedError otherwise:
             gradients are reduced over every rank).
@@ -333,8 +392,17 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     op, compression = check_gradient_args("DistributedGradientTape", op,
                                           gradient_predivide_factor, num_groups, groups,
                                           process_set, compression)
-    return ddl.DistributedGradientTape(gradtape, op=op, compression=compression,
-                                       scale_local_gradients=scale_local_gradients)
+    return predivide(ddl.DistributedGradientTape(gradtape, op=op, compression=compression,
+                                                 scale_local_gradients=scale_local_gradients),
+                     gradient_predivide_factor)
+
+
+def predivide(reducer, gradient_predivide_factor):
+    """Makes a keras_ddl optimizer or tape divide the gradients by
+    `gradient_predivide_factor` before the sum and the sum by
+    size() / factor after, as Horovod does (checked by `check_gradient_args`)."""
+    reducer._predivide_factor = float(gradient_predivide_factor)
+    return reducer
 
 
 def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
@@ -350,9 +418,9 @@ def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
     op, compression = check_gradient_args("PartialDistributedGradientTape", op,
                                           gradient_predivide_factor, num_groups, groups,
                                           process_set, compression)
-    return ddl.PartialDistributedGradientTape(gradtape, local_layers=local_layers,
-                                              scale_local_gradients=scale_local_gradients,
-                                              op=op, compression=compression)
+    return predivide(ddl.PartialDistributedGradientTape(
+        gradtape, local_layers=local_layers, scale_local_gradients=scale_local_gradients, op=op,
+        compression=compression), gradient_predivide_factor)
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='',

@@ -10,13 +10,15 @@ import tensorflow as tf
 
 import keras_ddl as ddl
 from keras_ddl.horovod.tensorflow import (  # noqa: F401
-    Adasum, Average, Compression, Max, Min, Product, ProcessSet, Sum, SyncBatchNormalization,
-    add_process_set, allgather_object, alltoall, broadcast_object, broadcast_object_fn,
-    ccl_built, check_gradient_args, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
-    gloo_enabled, global_process_set, init, is_homogeneous, is_initialized, join, local_rank,
-    local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-    remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
-from keras_ddl.horovod.common import check_compression, reduce_op, refuse_elastic
+    Adasum, Average, Compression, Compressor, FP16Compressor, Max, Min, NoneCompressor, Product,
+    ProcessSet, Sum, SyncBatchNormalization, add_process_set, allgather_object, alltoall,
+    broadcast_object, broadcast_object_fn, ccl_built, check_gradient_args, cross_rank,
+    cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
+    is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, predivide, rank, remove_process_set, rocm_built,
+    shutdown, size, start_timeline, stop_timeline)
+from keras_ddl.horovod import tensorflow as _tf
+from keras_ddl.horovod.common import check_compression, refuse_elastic
 
 from . import callbacks  # noqa: F401,E402
 
@@ -51,7 +53,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         device_dense, device_sparse: Ignored.
         compression: Compression.none or .fp16.
         sparse_as_dense: Accepted; sparse gradients are always made dense.
-        gradient_predivide_factor: Accepted with op=Average (same average).
+        gradient_predivide_factor: With op=Average, divide the gradients by
+            it before the sum and the sum by size() / factor after (Horovod's
+            definition: a float16 sum overflows less).
         op: Average (default) or Sum.
         backward_passes_per_step: Local batches per update (gradients are
             accumulated locally, reduced once per update).
@@ -62,10 +66,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             gradients are reduced over every rank).
         scale_local_gradients: Divide the gradients of local variables by size().
     """
-    return ddl.DistributedOptimizer(optimizer, **_optimizer_kwargs(
+    return predivide(ddl.DistributedOptimizer(optimizer, **_optimizer_kwargs(
         "DistributedOptimizer", name, compression, op, gradient_predivide_factor,
         backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
-        process_set, scale_local_gradients))
+        process_set, scale_local_gradients)), gradient_predivide_factor)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
@@ -79,11 +83,11 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
 
     Args: as `DistributedOptimizer`, plus `local_layers`.
     """
-    return ddl.PartialDistributedOptimizer(optimizer, local_layers=local_layers,
-                                           **_optimizer_kwargs(
+    return predivide(ddl.PartialDistributedOptimizer(optimizer, local_layers=local_layers,
+                                                     **_optimizer_kwargs(
         "PartialDistributedOptimizer", name, compression, op, gradient_predivide_factor,
         backward_passes_per_step, average_aggregated_gradients, 0, groups, process_set,
-        scale_local_gradients))
+        scale_local_gradients)), gradient_predivide_factor)
 
 
 def broadcast_global_variables(root_rank):
@@ -95,7 +99,8 @@ def broadcast_global_variables(root_rank):
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none):
-    """Reduces a tensor-compatible value over ranks; returns a tensor.
+    """Reduces a tensor-compatible value over ranks; returns a tensor
+    (as `keras_ddl.horovod.tensorflow.allreduce`).
 
     Args:
         value: A tensor or anything tf.convert_to_tensor takes.
@@ -103,28 +108,27 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
         average: Deprecated: True is op=Average, False op=Sum.
         prescale_factor, postscale_factor: Multiply before / after.
         op: Average (default), Sum, Min, Max or Product.
-        compression: Compression.none or .fp16.
+        compression: Compression.none, .fp16 or a Compressor subclass.
     """
-    return ddl.allreduce(tf.convert_to_tensor(value), op=reduce_op(op, average, "allreduce"),
-                         name=name, compression=check_compression(compression, "allreduce"),
-                         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    return _tf.allreduce(tf.convert_to_tensor(value), average=average, compression=compression,
+                         op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, name=name)
 
 
 def allgather(value, name=None):
     """Concatenates every rank's value along axis 0; returns a tensor."""
-    return ddl.allgather(tf.convert_to_tensor(value), name=name)
+    return _tf.allgather(tf.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank, name=None):
     """Returns `root_rank`'s value on every rank, as a tensor."""
-    return ddl.broadcast(tf.convert_to_tensor(value), root_rank=root_rank, name=name)
+    return _tf.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
     """Reduces over ranks (Average by default, as Horovod) and returns this
     rank's rows of axis 0."""
-    return ddl.reducescatter(tf.convert_to_tensor(value), op=reduce_op(op, None, "reducescatter"),
-                             name=name)
+    return _tf.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
