@@ -4,6 +4,12 @@ Builds a cluster of network namespaces (one per node, links capped at
 --rate), runs the command under mpiexec with the ranks spread over the
 nodes, prints the bytes each link carried, and tears the cluster down
 (also on Ctrl-C). ``clean`` removes clusters left by killed runs.
+
+The ranks run with the Python interpreter that runs this command: a bare
+``python`` or ``python3`` as the command's first word becomes that
+interpreter's path. Building the cluster needs root, and ``sudo`` resets
+PATH, so ``sudo /venv/bin/python -m keras_ddl.cluster run -- python train.py``
+would otherwise start the system Python, without the venv's packages.
 """
 
 import argparse
@@ -12,6 +18,24 @@ import subprocess
 import sys
 
 from .netns import MPI_ENV, ClusterError, NetnsCluster, find_mpiexec, remove_stale_clusters
+
+
+BARE_PYTHON_NAMES = ("python", "python3")
+
+
+def with_this_interpreter(command):
+    """``command`` with a bare ``python``/``python3`` first word replaced by
+    ``sys.executable`` (a path, or any other program, is left as it is).
+
+    Args:
+        command: The command line each rank runs, as a list of words.
+
+    Returns:
+        A new list.
+    """
+    if command and command[0] in BARE_PYTHON_NAMES:
+        return [sys.executable, *command[1:]]
+    return list(command)
 
 
 def main(argv=None):
@@ -26,13 +50,17 @@ def main(argv=None):
                      help="bytes each link's token bucket holds (64k, 1mb; default: 2 ms at "
                           "the rate, at least 256k); a call that sends less than this after "
                           "an idle moment goes faster than --rate")
-    run.add_argument("command", nargs=argparse.REMAINDER)
+    run.add_argument("command", nargs=argparse.REMAINDER,
+                     help="what each rank runs, after --; a bare 'python' or 'python3' as its "
+                          "first word runs this interpreter (" + sys.executable + "), also "
+                          "under sudo, which resets PATH")
     sub.add_parser("clean", help="remove clusters whose owner process is gone")
     args = p.parse_args(argv)
     if args.what == "clean":
         remove_stale_clusters()
         return 0
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = with_this_interpreter(
+        args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         p.error("run: no command given")
     try:
