@@ -682,9 +682,21 @@ def _conditions(results, start_load):
     )
 
 
+def launched_ranks(environ=os.environ):
+    """How many processes an MPI launcher started with this one (1 alone)."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return 1
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if launched_ranks() > 1:
+        # N copies would train the same points and write the same files.
+        sys.exit(f"large_batch_study.py runs on one process (it trains at the global batch "
+                 f"itself); it was launched as {launched_ranks()} ranks: run it with python")
     os.makedirs(args.out, exist_ok=True)
     runs_path = os.path.join(args.out, "runs.json")
     # The command that reproduces the results from scratch: without --resume.

@@ -61,3 +61,27 @@ def test_help_is_complete_and_writes_nothing(script, tmp_path):
     assert entries_without_help(text) == [], text
     assert os.listdir(tmp_path) == [], "--help wrote files"
     assert sorted(os.listdir(EXAMPLES)) == before
+
+
+def test_large_batch_study_writes_a_new_directory_unless_told(capsys):
+    sys.path.insert(0, EXAMPLES)
+    try:
+        import large_batch_study as study
+    finally:
+        sys.path.remove(EXAMPLES)
+    out = study.parse_args([]).out
+    assert re.fullmatch(r"large_batch_study-\d{8}-\d{6}", out), out
+    assert not os.path.exists(out)            # parsing made nothing
+    assert study.parse_args(["--out", "docs/large_batch"]).out == "docs/large_batch"
+    with pytest.raises(SystemExit):
+        study.parse_args(["--resume"])
+    assert "--resume needs --out DIR" in capsys.readouterr().err
+
+
+def test_large_batch_study_refuses_several_ranks(tmp_path):
+    env = dict(os.environ, PMI_SIZE="2", PMI_RANK="0", PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, "large_batch_study.py"),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 1 and "runs on one process" in proc.stderr, proc.stderr
+    assert not os.path.exists(tmp_path / "out")
