@@ -9,8 +9,11 @@ porting guide, docs/horovod_porting.md, walks through each):
 
 1. The import: ``import horovod.tensorflow.keras as hvd`` became
    ``import keras_ddl.horovod.tensorflow.keras as hvd``. Needed.
-2. ``compile(..., experimental_run_tf_function=False)``: the argument is gone
-   (Keras 3's compile() raises TypeError on it) and so is its comment. Needed.
+2. ``compile(..., experimental_run_tf_function=False)`` became
+   ``compile(..., jit_compile=False)``: Keras 3's compile() raises TypeError on
+   the old argument, and its default ``jit_compile="auto"`` compiles the train
+   step with XLA whenever a GPU is present, where keras_ddl's collectives (custom
+   TensorFlow ops without XLA kernels) cannot run. Needed (the second part on GPUs).
 3. The data: Horovod downloads MNIST (``tf.keras.datasets.mnist.load_data``)
    and feeds an endless shuffled ``tf.data`` pipeline with
    ``steps_per_epoch=500 // hvd.size()``; here 512 generated 8x8 images, each
@@ -89,9 +92,12 @@ def train(out_dir):
     opt = hvd.DistributedOptimizer(
         opt, backward_passes_per_step=1, average_aggregated_gradients=True)
 
+    # keras_ddl: the collectives are custom ops without XLA kernels; Keras 3 would
+    # compile the step with XLA on a GPU.
     mnist_model.compile(loss=tf.losses.SparseCategoricalCrossentropy(),
                         optimizer=opt,
-                        metrics=['accuracy'])
+                        metrics=['accuracy'],
+                        jit_compile=False)
 
     callbacks = [
         # Horovod: broadcast initial variable states from rank 0 to all other processes.
