@@ -38,7 +38,7 @@ def with_this_interpreter(command):
     return list(command)
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m keras_ddl.cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
@@ -55,6 +55,11 @@ def main(argv=None):
                           "first word runs this interpreter (" + sys.executable + "), also "
                           "under sudo, which resets PATH")
     sub.add_parser("clean", help="remove clusters whose owner process is gone")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.what == "clean":
         remove_stale_clusters()
