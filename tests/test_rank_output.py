@@ -155,3 +155,18 @@ def test_ddlrun_writes_one_line_per_keras_bar_into_a_pipe(tmp_path):
     assert bars[0].startswith(b"[0] ") and b"\r" not in bars[0] and b"\b" not in bars[0]
     assert b"1/4" not in proc.stdout and b"3/4" not in proc.stdout  # earlier redraws dropped
     assert sorted(line for line in lines if line.endswith(b"END")) == [b"[0] END", b"[1] END"]
+
+
+def test_a_terminal_gets_one_shared_screen_and_a_pipe_none():
+    from keras_ddl.runner.rank_output import screens_for
+    master, slave = os.openpty()
+    read_end, write_end = os.pipe()
+    try:
+        both = screens_for(slave, slave)
+        assert both["stdout"] is not None and both["stdout"] is both["stderr"]
+        mixed = screens_for(slave, write_end)
+        assert mixed["stdout"] is not None and mixed["stderr"] is None
+        assert screens_for(write_end, write_end) == {"stdout": None, "stderr": None}
+    finally:
+        for fd in (master, slave, read_end, write_end):
+            os.close(fd)
