@@ -116,14 +116,21 @@ def convert(input_dir, output_dir, split="train", num_shards=1, seed=0, labels=N
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--input-dir", required=True)
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--split", default="train")
-    p.add_argument("--num-shards", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input-dir", required=True, help="one folder of images per class")
+    p.add_argument("--output-dir", required=True,
+                   help="where the shards and labels.txt are written (made if missing)")
+    p.add_argument("--split", default="train",
+                   help="shard name prefix: train, validation, ... (default: train)")
+    p.add_argument("--num-shards", type=int, default=1,
+                   help="number of files; at least the number of ranks (default: 1)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="shuffle of the images before they are dealt to shards (default: 0)")
     p.add_argument("--labels", help="existing labels.txt to use (e.g. for the eval split)")
-    p.add_argument("--label-offset", type=int, default=0)
+    p.add_argument("--label-offset", type=int, default=0,
+                   help="first label number; 1 for the 1-based ImageNet convention "
+                   "(default: 0)")
     a = p.parse_args(argv)
     paths, label_map = convert(a.input_dir, a.output_dir, a.split, a.num_shards, a.seed,
                                a.labels, a.label_offset)

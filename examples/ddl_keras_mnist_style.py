@@ -5,16 +5,22 @@ same weights).
     mpiexec -n 2 python examples/ddl_keras_mnist_style.py OUT_DIR
 """
 
+import argparse
 import os
-import sys
 
-import keras
-import numpy as np
+parser = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("out_dir", nargs="?", default="ddl_mnist_style_out",
+                    help="directory where rank 0 writes checkpoint-{epoch}.weights.h5 and the "
+                    "initial and final weights (default: ddl_mnist_style_out)")
+out_dir = parser.parse_args().out_dir  # before the imports: --help answers at once
 
-import keras_ddl as ddl
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_ddl as ddl  # noqa: E402
 
 ddl.init()
-out_dir = sys.argv[1] if len(sys.argv) > 1 else "ddl_mnist_style_out"
 if ddl.rank() == 0:
     os.makedirs(out_dir, exist_ok=True)
 

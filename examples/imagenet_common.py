@@ -19,37 +19,92 @@ BLOCKS = {14: [1, 1, 1, 1], 26: [2, 2, 2, 2], 50: [3, 4, 6, 3], 101: [3, 4, 23, 
           152: [3, 8, 36, 3]}
 
 
+# Base learning rate per 256 images, by optimizer, when --base-lr is not
+# given. SGD: Goyal et al. 2017. LARS: 10 per 256 with trust coefficient
+# eeta = 0.001 (You, Gitman & Ginsburg 2017), the rate of README.md's
+# "Large-batch training" and of examples/large_batch_study.py: a LARS step
+# moves a layer by about lr * eeta of its norm, so 10 * 0.001 = 1% per step,
+# as SGD's 0.1 does when ||g|| / ||w|| ~ 0.1. Measured on the study's model;
+# for another model check that ratio first.
+BASE_LR = {"sgd": 0.1, "lars": 10.0}
+LARS_EETA = 0.001
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                     argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
 def parse_args(description, defaults, argv=None):
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--data-dir", help="TFRecords <split>-* (see keras_ddl.data)")
-    p.add_argument("--synthetic", action="store_true", help="random data of the right shape")
-    p.add_argument("--global-batch", type=int, default=defaults["global_batch"])
-    p.add_argument("--epochs", type=int, default=defaults["epochs"])
-    p.add_argument("--warmup-epochs", type=float, default=defaults["warmup_epochs"])
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--num-classes", type=int, default=defaults["num_classes"])
+    """The flags of both ResNet examples.
+
+    Args:
+        description: The calling script's docstring (shown whole by --help).
+        defaults: The script's defaults (see DEFAULTS in each script).
+        argv: The arguments (default: sys.argv[1:]).
+    """
+    p = argparse.ArgumentParser(description=description, formatter_class=_HelpFormatter)
+    p.add_argument("--data-dir", help="directory of TFRecord shards <split>-* written by "
+                   "convert_image_folder.py (see keras_ddl.data)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="random data of the right shape instead of --data-dir (for "
+                   "throughput; the accuracy is meaningless)")
+    p.add_argument("--global-batch", type=int, default=defaults["global_batch"],
+                   help="images per step over all ranks (must be a multiple of the ranks)")
+    p.add_argument("--epochs", type=int, default=defaults["epochs"], help="epochs to train")
+    p.add_argument("--warmup-epochs", type=float, default=defaults["warmup_epochs"],
+                   help="linear learning-rate warmup, in epochs")
+    p.add_argument("--image-size", type=int, default=224, help="training and eval crop, pixels")
+    p.add_argument("--num-classes", type=int, default=defaults["num_classes"],
+                   help="classes (labels 0..N-1)")
     p.add_argument("--train-images", type=int, default=defaults["train_images"],
                    help="images per epoch, for the default --steps-per-epoch")
-    p.add_argument("--steps-per-epoch", type=int)
+    p.add_argument("--steps-per-epoch", type=int,
+                   help="default: --train-images // --global-batch")
+    p.add_argument("--eval-split", default="validation",
+                   help="held-out split <split>-* in --data-dir, evaluated after every epoch "
+                   "(top-1 printed as val_top1); 'none' skips evaluation")
+    p.add_argument("--eval-images", type=int, default=defaults["eval_images"],
+                   help="images of the held-out split evaluated each time (rounded down to "
+                   "whole global batches)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: linear scaling rule "
                    "from --base-lr at batch 256)")
-    p.add_argument("--base-lr", type=float, default=defaults["base_lr"])
-    p.add_argument("--optimizer", choices=["lars", "sgd"], default=defaults["optimizer"])
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=defaults["weight_decay"])
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--depth", type=int, choices=sorted(BLOCKS), default=defaults["depth"])
+    p.add_argument("--base-lr", type=float,
+                   help=f"learning rate per 256 images (default by optimizer: {BASE_LR})")
+    p.add_argument("--optimizer", choices=["lars", "sgd"], default=defaults["optimizer"],
+                   help="LARS (keras_ddl.optimizers.LARS) or SGD with Nesterov momentum")
+    p.add_argument("--lars-eeta", type=float, default=LARS_EETA,
+                   help="LARS trust coefficient (You, Gitman & Ginsburg 2017)")
+    p.add_argument("--momentum", type=float, default=0.9, help="momentum of either optimizer")
+    p.add_argument("--weight-decay", type=float, default=defaults["weight_decay"],
+                   help="on conv and dense kernels only (LARS: inside the update; SGD: as "
+                   "an L2 penalty)")
+    p.add_argument("--label-smoothing", type=float, default=0.1, help="of the training loss")
+    p.add_argument("--depth", type=int, choices=sorted(BLOCKS), default=defaults["depth"],
+                   help="ResNet depth")
     p.add_argument("--width-multiplier", type=float, default=1.0,
                    help="scales every layer's width (tiny models for tests)")
     p.add_argument("--distribution", choices=["optimizer", "strategy"], default="optimizer",
-                   help="ddl.DistributedOptimizer + callbacks (default), or ddl.DDLStrategy")
-    p.add_argument("--mixed-bfloat16", action="store_true")
-    p.add_argument("--checkpoint-dir", default="checkpoints")
+                   help="ddl.DistributedOptimizer + callbacks, or ddl.DDLStrategy")
+    p.add_argument("--mixed-bfloat16", action="store_true",
+                   help="Keras mixed_bfloat16 policy (float32 logits)")
+    p.add_argument("--checkpoint-dir", default="checkpoints",
+                   help="rank 0 writes ckpt-EEEE.npz here after every epoch (on a file "
+                   "system every rank sees, for --resume)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="weights, shuffling and augmentation")
     a = p.parse_args(argv)
     if not a.synthetic and not a.data_dir:
         p.error("give --data-dir or --synthetic")
+    if a.base_lr is None:
+        a.base_lr = BASE_LR[a.optimizer]
+    if a.eval_images < 1:
+        p.error(f"--eval-images must be >= 1, got {a.eval_images}")
+    if a.eval_split != "none" and a.data_dir:
+        if not glob.glob(os.path.join(a.data_dir, f"{a.eval_split}-*")):
+            p.error(f"--eval-split {a.eval_split}: no {a.eval_split}-* files in {a.data_dir} "
+                    "(convert a held-out split with convert_image_folder.py --split "
+                    f"{a.eval_split}, or pass --eval-split none)")
     return a
 
 
@@ -183,6 +238,20 @@ def main(description, defaults, argv=None):
         ds = data.imagenet_dataset(args.data_dir, "train", args.image_size, per_rank,
                                    training=True, rank=rank, size=size, seed=args.seed + rank)
 
+    # The held-out split: every rank evaluates the same number of batches of
+    # its own files (repeated, so a rank with fewer images never runs short
+    # while the others wait), and the metric is averaged over the ranks.
+    eval_steps = max(1, args.eval_images // args.global_batch)
+    if args.eval_split == "none":
+        eval_ds = None
+    elif args.synthetic:
+        eval_ds = data.synthetic_dataset(args.image_size, args.num_classes, per_rank,
+                                         seed=args.seed + 1)
+    else:
+        eval_ds = data.imagenet_dataset(args.data_dir, args.eval_split, args.image_size,
+                                        per_rank, training=False, rank=rank, size=size,
+                                        repeat=True)
+
     peak = args.lr or schedules.linear_scaling_rule(args.base_lr, args.global_batch)
     total = args.epochs * steps
     warmup = min(int(args.warmup_epochs * steps), total - 1) if total > 1 else 0
@@ -197,7 +266,7 @@ def main(description, defaults, argv=None):
     with strategy.scope():
         if args.optimizer == "lars":
             base = LARS(learning_rate=lr, momentum=args.momentum,
-                        weight_decay=args.weight_decay)
+                        weight_decay=args.weight_decay, eeta=args.lars_eeta)
             l2 = 0.0   # LARS decays kernels only (biases and BN excluded by default)
         else:
             base = keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum, nesterov=True)
@@ -213,6 +282,8 @@ def main(description, defaults, argv=None):
                       metrics=["accuracy"], jit_compile=False)
     # The labels are sparse; one-hot them in the pipeline for label smoothing.
     ds = ds.map(lambda x, y: (x, tf.one_hot(y, args.num_classes)))
+    if eval_ds is not None:
+        eval_ds = eval_ds.map(lambda x, y: (x, tf.one_hot(y, args.num_classes)))
 
     initial_epoch = 0
     if args.resume:
@@ -232,7 +303,8 @@ def main(description, defaults, argv=None):
         f"image={args.image_size} ranks={size} global_batch={args.global_batch} "
         f"per_rank={per_rank} steps/epoch={steps} optimizer={args.optimizer} peak_lr={peak:g} "
         f"warmup_steps={warmup} data={'synthetic' if args.synthetic else args.data_dir} "
-        f"bf16={args.mixed_bfloat16} distribution={args.distribution}")
+        f"bf16={args.mixed_bfloat16} distribution={args.distribution} "
+        f"eval={args.eval_split}:{eval_steps * args.global_batch}images")
 
     class Report(keras.callbacks.Callback):
         """Rank 0: step time and images/s (skipping each epoch's first step,
@@ -254,8 +326,12 @@ def main(description, defaults, argv=None):
             step = sum(t) / len(t)
             loss = float(logs.get("loss", float("nan")))
             path = save_checkpoint(model, opt, args.checkpoint_dir, epoch + 1)
+            # Top-1 on the held-out split: Keras' "accuracy" against one-hot
+            # labels is the argmax match, averaged over the ranks' equal shares.
+            top1 = (f"val_top1={float(logs['val_accuracy']):.4f} "
+                    if "val_accuracy" in logs else "")
             print(f"EPOCH {epoch + 1}/{args.epochs} loss={loss:.6f} "
-                  f"accuracy={float(logs.get('accuracy', float('nan'))):.4f} "
+                  f"accuracy={float(logs.get('accuracy', float('nan'))):.4f} {top1}"
                   f"step_time_ms={1000 * step:.1f} images_per_s_per_rank={per_rank / step:.1f} "
                   f"images_per_s_total={args.global_batch / step:.1f}", flush=True)
             print(f"CHECKPOINT rank={rank} epoch={epoch + 1} path={path} "
@@ -267,7 +343,8 @@ def main(description, defaults, argv=None):
     # BroadcastGlobalVariablesCallback copies rank 0's optimizer state after
     # the first batch; on resume every rank has loaded the same file anyway.
     model.fit(ds, epochs=args.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-              callbacks=callbacks, verbose=0, shuffle=False)
+              callbacks=callbacks, verbose=0, shuffle=False, validation_data=eval_ds,
+              validation_steps=eval_steps if eval_ds is not None else None)
     log("DONE")
     return 0
 

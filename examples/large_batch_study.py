@@ -56,6 +56,9 @@ Usage (45 points; see docs/large_batch/results.md for the measured wall time):
 
     nice -n 10 python examples/large_batch_study.py --out docs/large_batch
 
+(without --out, a new directory large_batch_study-YYYYMMDD-HHMMSS is made in the
+current directory, so the committed results are never overwritten by accident)
+
 writes, after every point (so a stopped run keeps what it finished;
 `--resume` continues it), `runs.json` (every point with its per-epoch loss
 and accuracy), `results.md` (best-of-grid and per-point tables, LARS's
@@ -610,14 +613,17 @@ def parse_lr_grid(text):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=8)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=8, help="epochs of every point")
     p.add_argument(
         "--base-batch", type=int, default=32, help="B; runs B, 8B, 32B, 64B, 128B"
     )
     p.add_argument("--samples", type=int, default=60_000, help="train + test images")
-    p.add_argument("--test-fraction", type=float, default=1 / 6)
-    p.add_argument("--warmup-epochs", type=float, default=2.0)
+    p.add_argument("--test-fraction", type=float, default=1 / 6,
+                   help="share of --samples held out for the test accuracy")
+    p.add_argument("--warmup-epochs", type=float, default=2.0,
+                   help="linear warmup of the warmup recipes, in epochs")
     p.add_argument("--sgd-base-lr", type=float, default=0.1, help="per 256 images")
     p.add_argument("--lars-base-lr", type=float, default=10.0, help="per 256 images")
     p.add_argument(
@@ -626,14 +632,20 @@ def parse_args(argv=None):
         f"peak rate, every one run at every batch (default {DEFAULT_LR_GRID})",
     )
     p.add_argument("--noise", type=float, default=0.2, help="pixel noise of the data")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="docs/large_batch", help="output directory")
+    p.add_argument("--seed", type=int, default=0, help="data, initial weights, shuffling")
+    p.add_argument("--out", help="output directory (default: a new directory "
+                   "large_batch_study-YYYYMMDD-HHMMSS here, so no earlier results, such as "
+                   "the committed docs/large_batch, are overwritten)")
     p.add_argument(
         "--resume", action="store_true",
         help="reuse the points of OUT/runs.json written with the same settings "
         "(the lr grid may differ: points of multipliers in --lr-grid are reused)",
     )
     args = p.parse_args(argv)
+    if args.out is None:
+        if args.resume:
+            p.error("--resume needs --out DIR, the directory of the run to continue")
+        args.out = time.strftime("large_batch_study-%Y%m%d-%H%M%S")
     try:
         args.lr_grid = parse_lr_grid(args.lr_grid)
     except ValueError as e:
@@ -670,9 +682,21 @@ def _conditions(results, start_load):
     )
 
 
+def launched_ranks(environ=os.environ):
+    """How many processes an MPI launcher started with this one (1 alone)."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return 1
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if launched_ranks() > 1:
+        # N copies would train the same points and write the same files.
+        sys.exit(f"large_batch_study.py runs on one process (it trains at the global batch "
+                 f"itself); it was launched as {launched_ranks()} ranks: run it with python")
     os.makedirs(args.out, exist_ok=True)
     runs_path = os.path.join(args.out, "runs.json")
     # The command that reproduces the results from scratch: without --resume.

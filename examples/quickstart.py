@@ -38,11 +38,15 @@ def make_data(n, seed):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
-    p.add_argument("--train-size", type=int, default=4096)
-    p.add_argument("--checkpoint", default="quickstart_model.keras")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=3, help="epochs to train (default: 3)")
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch (default: 32)")
+    p.add_argument("--train-size", type=int, default=4096,
+                   help="generated training images, shared out over the ranks (default: 4096)")
+    p.add_argument("--checkpoint", default="quickstart_model.keras",
+                   help="where rank 0 saves the model after every epoch "
+                   "(default: quickstart_model.keras)")
     args = p.parse_args()
 
     import keras

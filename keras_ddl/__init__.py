@@ -17,6 +17,11 @@ import os as _os
 # TF_CPU_ALLOCATOR_USE_BFC=false.
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
+# `python -m keras_ddl.bench --help` answers here, before TensorFlow loads.
+from ._tool_help import answer_help_without_tensorflow as _answer_help  # noqa: E402
+
+_answer_help()
+
 
 def _installed_copy_if_unbuilt():
     """The directory of an installed, built keras_ddl when this one has no

@@ -10,6 +10,7 @@ import atexit
 import ctypes
 import json
 import os
+import re
 import threading
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,6 +29,8 @@ _INVALID_ARGUMENT = 1
 _lock = threading.Lock()
 _core = None
 _atexit_registered = False
+_horovod_notes = None  # what became of each HOROVOD_* variable (mapped once per process)
+_process_configured = False  # GPU pinned and HOROVOD_* warning given
 
 
 def build_info():
@@ -80,21 +83,46 @@ def init():
     """Starts keras_ddl on this process (idempotent).
 
     Collectives call it implicitly. A process started without any launcher
-    is a world of size 1. Raises ValueError for an invalid ``DDL_*``
-    environment variable (on every rank, naming the variable).
+    is a world of size 1. The first call also
+
+    * carries every ``HOROVOD_*`` setting over to its ``DDL_*`` twin, and
+      names the others in a warning on rank 0 (``keras_ddl.horovod_env``);
+    * makes one GPU visible to this process, GPU ``local_rank() % GPUs``,
+      with memory growth on (``keras_ddl.gpus``; ``DDL_PIN_GPU=0`` opts
+      out). Call ``init()`` before making any tensor, or TensorFlow refuses.
+
+    Raises:
+        ValueError: an invalid ``DDL_*`` or ``HOROVOD_*`` environment
+            variable (on every rank, naming the variable).
+        keras_ddl.gpus.GpuPinningError: TensorFlow started before ``init()``
+            with another GPU visible than this rank's.
     """
-    global _atexit_registered
+    global _atexit_registered, _horovod_notes, _process_configured
+    from . import gpus, horovod_env
     with _lock:
         lib = _load_core()
+        if _horovod_notes is None:  # before the engine reads the DDL_* twins
+            _horovod_notes = horovod_env.apply()
+        pin = gpus.pinning_enabled()  # a bad DDL_PIN_GPU fails before the engine starts
         code = lib.ddl_init()
         if code != 0:
             message = lib.ddl_last_error().decode()
+            twin = re.search(r"DDL_[A-Z_]+", message)
+            origin = twin and horovod_env.mapped_from(twin.group(0), _horovod_notes)
+            if origin:
+                message += f" (set from {origin}={os.environ.get(origin)!r})"
             raise (ValueError if code == _INVALID_ARGUMENT else RuntimeError)(
                 f"keras_ddl.init() failed: {message}")
         if not _atexit_registered:
             # Registered after mpi4py's import, so it runs before MPI finalises.
             atexit.register(_at_exit)
             _atexit_registered = True
+        if not _process_configured:
+            if pin:  # raises, and is tried again by the next init(), if TF started first
+                gpus.pin_gpu_to_local_rank(int(lib.ddl_local_rank()),
+                                           int(lib.ddl_local_size()))
+            horovod_env.warn(_horovod_notes, int(lib.ddl_rank()))
+            _process_configured = True
 
 
 def shutdown():

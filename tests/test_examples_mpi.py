@@ -1,8 +1,9 @@
 """The examples end to end on 2 ranks through ddlrun (issue 7).
 
 Tiny JPEGs -> convert_image_folder.py -> TFRecords -> each ResNet example for
-2 steps (tiny depth, width, image size and class count), then again with
---resume; and the quickstart.
+2 steps (tiny depth, width, image size and class count), evaluating top-1 on a
+held-out split, then again with --resume; a missing held-out split is a clear
+error; and the quickstart.
 """
 
 import math
@@ -22,7 +23,8 @@ from image_tree import write_image_tree  # noqa: E402
 
 NUM_CLASSES = 5
 TINY = ["--image-size", "32", "--num-classes", str(NUM_CLASSES), "--global-batch", "8",
-        "--steps-per-epoch", "2", "--depth", "14", "--width-multiplier", "0.125"]
+        "--steps-per-epoch", "2", "--eval-images", "8", "--depth", "14",
+        "--width-multiplier", "0.125"]
 
 
 def ddlrun(script, args, cwd, timeout=240):
@@ -43,11 +45,15 @@ def records(tmp_path_factory):
     tree = tmp_path_factory.mktemp("tree")
     out = tmp_path_factory.mktemp("records")
     write_image_tree(str(tree), NUM_CLASSES, per_class=4, size=(36, 44))
-    subprocess.run([sys.executable, os.path.join(EXAMPLES, "convert_image_folder.py"),
-                    "--input-dir", str(tree), "--output-dir", str(out), "--num-shards", "2"],
+    convert = [sys.executable, os.path.join(EXAMPLES, "convert_image_folder.py"),
+               "--input-dir", str(tree), "--output-dir", str(out), "--num-shards", "2"]
+    subprocess.run(convert, check=True, capture_output=True, env=launch_env())
+    # The held-out split the examples evaluate (the same images: a smoke test).
+    subprocess.run(convert + ["--split", "validation", "--labels", str(out / "labels.txt")],
                    check=True, capture_output=True, env=launch_env())
     assert sorted(os.listdir(out)) == ["labels.txt", "train-00000-of-00002",
-                                       "train-00001-of-00002"]
+                                       "train-00001-of-00002", "validation-00000-of-00002",
+                                       "validation-00001-of-00002"]
     return str(out)
 
 
@@ -74,6 +80,8 @@ def test_resnet_example_train_checkpoint_resume(script, optimizer, distribution,
     assert len(epochs) == 1, out
     assert math.isfinite(float(epochs[0]["loss"])), out
     assert float(epochs[0]["images_per_s_total"]) > 0
+    assert 0.0 <= float(epochs[0]["val_top1"]) <= 1.0, out   # held-out top-1, printed
+    assert "eval=validation:8images" in out, out
     saved = lines(out, "CHECKPOINT")
     assert [(c["rank"], c["epoch"]) for c in saved] == [("0", "1")], out  # once, rank 0 only
     assert sorted(os.listdir(ckpt)) == ["ckpt-0001.npz"]                   # no temp files left
@@ -88,10 +96,20 @@ def test_resnet_example_train_checkpoint_resume(script, optimizer, distribution,
     assert len(epochs2) == 1, out2
     assert re.search(r"^EPOCH 2/2 ", out2, re.M), out2           # continues at epoch 2
     assert math.isfinite(float(epochs2[0]["loss"]))
+    assert 0.0 <= float(epochs2[0]["val_top1"]) <= 1.0, out2
     saved2 = lines(out2, "CHECKPOINT")
     assert [(c["rank"], c["epoch"]) for c in saved2] == [("0", "2")], out2
     assert sorted(os.listdir(ckpt)) == ["ckpt-0001.npz", "ckpt-0002.npz"]
     assert os.stat(ckpt / "ckpt-0001.npz").st_mtime_ns == first_mtime
+
+
+def test_missing_eval_split_is_named(records, tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, "resnet50_imagenet1k.py"),
+                           "--data-dir", records, "--eval-split", "heldout", *TINY],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=launch_env())
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--eval-split heldout: no heldout-* files" in proc.stderr
 
 
 def test_quickstart(tmp_path):

@@ -8,6 +8,12 @@ command under mpiexec with the ranks spread over the nodes, prints the
 bytes each link and uplink carried, and tears the cluster down (also on
 Ctrl-C). With racks, every rank sees its place as Slurm gives it
 (SLURM_TOPOLOGY_ADDR). ``clean`` removes clusters left by killed runs.
+
+The ranks run with the Python interpreter that runs this command: a bare
+``python`` or ``python3`` as the command's first word becomes that
+interpreter's path. Building the cluster needs root, and ``sudo`` resets
+PATH, so ``sudo /venv/bin/python -m keras_ddl.cluster run -- python train.py``
+would otherwise start the system Python, without the venv's packages.
 """
 
 import argparse
@@ -18,7 +24,25 @@ import sys
 from .netns import MPI_ENV, ClusterError, NetnsCluster, find_mpiexec, remove_stale_clusters
 
 
-def main(argv=None):
+BARE_PYTHON_NAMES = ("python", "python3")
+
+
+def with_this_interpreter(command):
+    """``command`` with a bare ``python``/``python3`` first word replaced by
+    ``sys.executable`` (a path, or any other program, is left as it is).
+
+    Args:
+        command: The command line each rank runs, as a list of words.
+
+    Returns:
+        A new list.
+    """
+    if command and command[0] in BARE_PYTHON_NAMES:
+        return [sys.executable, *command[1:]]
+    return list(command)
+
+
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m keras_ddl.cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
@@ -34,7 +58,10 @@ def main(argv=None):
                      help="bytes each link's token bucket holds (64k, 1mb; default: 2 ms at "
                           "the rate, at least 256k); a call that sends less than this after "
                           "an idle moment goes faster than --rate")
-    run.add_argument("command", nargs=argparse.REMAINDER)
+    run.add_argument("command", nargs=argparse.REMAINDER,
+                     help="what each rank runs, after --; a bare 'python' or 'python3' as its "
+                          "first word runs this interpreter (" + sys.executable + "), also "
+                          "under sudo, which resets PATH")
     pr = sub.add_parser("probe", help="plain TCP transfers with every node busy: the rates "
                                       "reached against the shaped rates")
     pr.add_argument("--nodes", type=int, default=2, help="nodes (per rack, with --racks)")
@@ -44,6 +71,11 @@ def main(argv=None):
     pr.add_argument("--burst", default=None)
     pr.add_argument("--json", default=None, help="also write the result here")
     sub.add_parser("clean", help="remove clusters whose owner process is gone")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.what == "clean":
         remove_stale_clusters()
@@ -55,7 +87,8 @@ def main(argv=None):
         except ClusterError as e:
             print(f"keras_ddl.cluster: {e}", file=sys.stderr)
             return 2
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = with_this_interpreter(
+        args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         p.error("run: no command given")
     try:

@@ -20,8 +20,8 @@ reach this one by: the launcher's control connections use it (MPICH
 ``-iface``, Open MPI ``oob/btl_tcp_if_include``) and so does ddlrun's own
 socket. ``--mpi-args "..."`` passes further options to the launcher. MPICH
 gives every rank ddlrun's whole environment; with Open MPI, ddlrun exports
-the DDL_, TF_, KERAS_, UCX_, OMP_, NCCL_, CUDA_ and PYTHON* variables, PATH
-and LD_LIBRARY_PATH.
+the DDL_, TF_, KERAS_, UCX_, OMP_, NCCL_, CUDA_, PYTHON* and HOROVOD_
+variables, PATH and LD_LIBRARY_PATH.
 
 Each rank runs under a small agent (agent.py) that connects back to ddlrun:
 ddlrun prints every rank's output one whole line at a time (``-l``: prefixed
@@ -54,7 +54,8 @@ AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 ALLOCATION_VARIABLES = ("HYDRA_HOST_FILE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID",
                         "PE_HOSTFILE")
 # What Open MPI's mpiexec exports to the ranks (it exports nothing by default).
-OPENMPI_EXPORT_PREFIXES = ("DDL_", "TF_", "KERAS_", "UCX_", "OMP_", "NCCL_", "CUDA_", "PYTHON")
+OPENMPI_EXPORT_PREFIXES = ("DDL_", "TF_", "KERAS_", "UCX_", "OMP_", "NCCL_", "CUDA_", "PYTHON",
+                           "HOROVOD_")  # mapped to DDL_* twins at init (horovod_env.py)
 OPENMPI_EXPORT_NAMES = ("PATH", "LD_LIBRARY_PATH", TOKEN_VARIABLE)
 
 

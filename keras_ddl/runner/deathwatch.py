@@ -14,7 +14,8 @@ noted when its connection closes.
 This class is also the only writer of ddlrun's stdout and stderr while the
 job runs: the ranks' output and the launcher's own arrive on separate
 streams and are written one whole line at a time, optionally prefixed with
-``[rank] `` as ``mpiexec -l`` does, so lines of different ranks never mix.
+``[rank] `` as ``mpiexec -l`` does, so lines of different ranks never mix;
+progress bars drawn with carriage returns are handled by rank_output.py.
 """
 
 import collections
@@ -28,39 +29,11 @@ import threading
 import time
 
 from .agent import ACCEPTED, EXIT, HEADER, HELLO, STDERR, STDOUT, describe_status
+from .rank_output import RankOutput, screens_for
 
 Death = collections.namedtuple("Death", "seconds rank host how")
 MAX_FRAME = 1 << 24
-MAX_LINE = 1 << 20  # a longer run without a newline is written as it is
 LOST = "its agent ended without reporting (killed, or its host went away)"
-
-
-class Lines:
-    """Cuts one byte stream into whole lines, each with ``prefix``."""
-
-    def __init__(self, prefix=b""):
-        self.prefix = prefix
-        self.pending = bytearray()
-
-    def feed(self, data):
-        self.pending += data
-        cut = self.pending.rfind(b"\n") + 1
-        if cut == 0 and len(self.pending) < MAX_LINE:
-            return b""
-        if cut == 0:
-            cut = len(self.pending)
-        whole, self.pending = bytes(self.pending[:cut]), self.pending[cut:]
-        if not self.prefix:
-            return whole if whole.endswith(b"\n") else whole + b"\n"
-        lines = whole.split(b"\n")
-        if lines[-1] == b"":
-            lines.pop()
-        return b"".join(self.prefix + line + b"\n" for line in lines)
-
-    def rest(self):
-        """What is left after the stream ended, as a line of its own."""
-        data, self.pending = bytes(self.pending), bytearray()
-        return self.prefix + data + b"\n" if data else b""
 
 
 class _Agent:
@@ -89,6 +62,10 @@ class DeathWatch:
         self.deaths = []  # [Death] in the order the ranks ended
         self.ranks = {}   # rank -> host, of every agent that said hello
         self._fds = {STDOUT: stdout_fd, STDERR: stderr_fd}
+        # Progress bars redraw in place on a terminal, and are written once,
+        # in their final state, into a file or pipe (rank_output.py).
+        screens = screens_for(stdout_fd, stderr_fd)
+        self._screens = {STDOUT: screens["stdout"], STDERR: screens["stderr"]}
         self._broken = set()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -104,7 +81,8 @@ class DeathWatch:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         for pipe, kind in ((launcher_stdout, STDOUT), (launcher_stderr, STDERR)):
             if pipe is not None:
-                self._sel.register(pipe, selectors.EVENT_READ, ("launcher", kind, Lines()))
+                self._sel.register(pipe, selectors.EVENT_READ,
+                                   ("launcher", kind, RankOutput(b"", self._screens[kind])))
         self._thread.start()
         return self
 
@@ -218,7 +196,8 @@ class DeathWatch:
             self.ranks[hello.get("rank")] = hello.get("host")
             rank = "?" if hello.get("rank") is None else hello["rank"]
             prefix = f"[{rank}] ".encode() if self.prefix_output else b""
-            agent.lines = {STDOUT: Lines(prefix), STDERR: Lines(prefix)}
+            agent.lines = {kind: RankOutput(prefix, self._screens[kind])
+                           for kind in (STDOUT, STDERR)}
         elif kind in (STDOUT, STDERR):
             self._write(kind, agent.lines[kind].feed(payload))
         elif kind == EXIT:

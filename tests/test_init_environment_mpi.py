@@ -1,0 +1,25 @@
+"""ddl.init() on 2 ranks: one (faked) GPU per local rank, and HOROVOD_*
+settings mapped to their DDL_* twins or named in a warning by rank 0 only
+(tests/mpi/init_environment.py; one launch for all cases)."""
+
+import pytest
+
+from conftest import shared_launch
+
+HOROVOD_ENV = {
+    "HOROVOD_FUSION_THRESHOLD": str(32 << 20),          # bytes -> 32 MB
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+    "HOROVOD_CYCLE_TIME": "0",                          # refused by the engine, by name
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",        # DDL_STALL_TIMEOUT_S is set: it wins
+    "HOROVOD_GPU_OPERATIONS": "NCCL",                   # no twin: warned about
+    "HOROVOD_LOG_LEVEL": "debug",                       # no twin: warned about
+}
+
+CASES = ["bad_horovod_value_is_named", "horovod_settings_mapped",
+         "horovod_warning_on_rank_zero_only", "one_gpu_per_local_rank"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_init_environment(name):
+    run = shared_launch(2, "init_environment.py", env=HOROVOD_ENV)
+    run.check(name)
