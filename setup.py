@@ -110,20 +110,22 @@ class BuildCustomOps(build_ext):
 
         def compile_one(src, extra):
             obj = os.path.join(obj_dir, os.path.relpath(src, OPS_DIR).replace(os.sep, "_") + ".o")
-            _run(cxx + common + abi + extra + mpi_cflags + ["-c", src, "-o", obj])
+            _run(cxx + common + abi + extra + ["-c", src, "-o", obj])
             return obj
 
         jobs = int(os.environ.get("DDL_BUILD_JOBS", os.cpu_count() or 2))
         tf_extra = tf_cflags + ["-Wno-deprecated-declarations", "-O2"]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            core_objs = list(pool.map(lambda s: compile_one(s, []), CORE_SOURCES))
+            # Only the core sees MPI's headers (and only its transport/ uses
+            # them); the TensorFlow ops speak to the engine's interfaces.
+            core_objs = list(pool.map(lambda s: compile_one(s, mpi_cflags), CORE_SOURCES))
             tf_objs = list(pool.map(lambda s: compile_one(s, tf_extra), TF_SOURCES))
         core_lib = os.path.join(out_dir, "libddl_core.so")
         _run(cxx + common + ["-shared"] + core_objs + mpi_ldflags + ["-o", core_lib])
         ops_lib = os.path.join(out_dir, "ddl_tf_ops.so")
         _run(cxx + common + ["-shared"] + tf_objs
              + [f"-L{out_dir}", "-l:libddl_core.so", "-Wl,-rpath,$ORIGIN"]
-             + tf_ldflags + mpi_ldflags + ["-o", ops_lib])
+             + tf_ldflags + ["-o", ops_lib])
         with open(os.path.join(out_dir, "build_info.json"), "w") as f:
             json.dump({"tensorflow": tf_version, "mpi": mpi_desc, "compiler": " ".join(cxx),
                        "python": sys.version.split()[0]}, f, indent=2)

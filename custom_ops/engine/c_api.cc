@@ -6,6 +6,7 @@
 
 #include "../common/reduce_kernels.h"
 #include "runtime.h"
+#include "../transport/mpi_world.h"
 
 namespace {
 thread_local std::string last_error;
@@ -117,13 +118,9 @@ float ddl_bfloat16_to_float(uint16_t b) { return ddl::BFloat16ToFloat(b); }
 
 }  // extern "C"
 
-#include <mpi.h>
-
 extern "C" int ddl_mpi_library_version(char* out, int capacity) {
-  char version[MPI_MAX_LIBRARY_VERSION_STRING];
-  int length = 0;
-  MPI_Get_library_version(version, &length);
-  std::strncpy(out, version, capacity - 1);
+  const std::string version = ddl::MpiLibraryVersion();
+  std::strncpy(out, version.c_str(), capacity - 1);
   out[capacity - 1] = '\0';
-  return length;
+  return static_cast<int>(version.size());
 }

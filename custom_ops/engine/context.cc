@@ -1,9 +1,8 @@
 #include "context.h"
 
-#include <mpi.h>
-
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -39,12 +38,7 @@ Status Context::ChooseAllreduce() {
   }
   if (!use_node_memory) return Status::Ok();
   // Ranks grouped by DDL_LOCAL_SIZE must really share memory.
-  MPI_Comm machine;
-  MPI_Comm_split_type(local->comm(), MPI_COMM_TYPE_SHARED, local_rank, MPI_INFO_NULL, &machine);
-  int machine_size = 0;
-  MPI_Comm_size(machine, &machine_size);
-  MPI_Comm_free(&machine);
-  if (machine_size != local_size) {
+  if (local->SplitByMachine(local_rank)->size() != local_size) {
     return Status::InvalidArgument(
         "the ranks of a node (DDL_LOCAL_SIZE=" + std::to_string(local_size) +
         ") do not all share memory on one machine; use a DDL_LOCAL_SIZE that divides the ranks "
@@ -87,7 +81,7 @@ Status Context::ChooseAllreduce() {
 // Every rank parses its environment, then all learn whether any rank failed,
 // so a bad value on one rank is an error everywhere instead of a hang in
 // the next collective. The lowest failing rank's message is reported.
-Status Context::AgreeOnConfig(Context* ctx) {
+Status Context::AgreeOnConfig(Context* ctx, ControlPlane& world) {
   Status mine = Config::FromEnvironment(&ctx->config);
   if (mine.ok() && ctx->rank == 0 && !ctx->config.timeline_path.empty()) {
     ctx->timeline = Timeline::Open(ctx->config.timeline_path, &mine);
@@ -98,15 +92,12 @@ Status Context::AgreeOnConfig(Context* ctx) {
         " does not divide the world size " + std::to_string(ctx->size) +
         "; virtual nodes must all have the same number of ranks");
   }
-  int failed_rank = mine.ok() ? ctx->size : ctx->rank;
-  int first_failed = ctx->size;
-  MPI_Allreduce(&failed_rank, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  const std::vector<int64_t> failed = world.AllgatherInt64(mine.ok() ? 0 : 1);
+  const int first_failed =
+      static_cast<int>(std::find(failed.begin(), failed.end(), 1) - failed.begin());
   if (first_failed == ctx->size) return Status::Ok();
   std::vector<char> message(mine.message().begin(), mine.message().end());
-  int length = static_cast<int>(message.size());
-  MPI_Bcast(&length, 1, MPI_INT, first_failed, MPI_COMM_WORLD);
-  message.resize(length);
-  MPI_Bcast(message.data(), length, MPI_CHAR, first_failed, MPI_COMM_WORLD);
+  world.BroadcastBytes(message, first_failed);
   return Status::InvalidArgument(std::string(message.begin(), message.end()) + " (on rank " +
                                  std::to_string(first_failed) + "; reported by rank " +
                                  std::to_string(ctx->rank) + ")");
@@ -118,82 +109,61 @@ std::string Context::Where() const {
          ")";
 }
 
-Status Context::CreateForGroup(MPI_Comm group, int process_set, const Config& config,
-                               std::unique_ptr<Context>* out) {
+Status Context::CreateForGroup(std::unique_ptr<Group> group, int process_set,
+                               const Config& config, std::unique_ptr<Context>* out) {
   auto ctx = std::make_unique<Context>();
-  MPI_Comm_rank(MPI_COMM_WORLD, &ctx->world_rank);
-  MPI_Comm_rank(group, &ctx->rank);
-  MPI_Comm_size(group, &ctx->size);
+  ctx->rank = group->rank();
+  ctx->size = group->size();
+  ctx->world_rank = group->WorldRank(ctx->rank);
   ctx->process_set = process_set;
   ctx->config = config;
   ctx->config.timeline_path.clear();  // the global context's timeline only
-  Status s = ctx->Build(group);
+  Status s = ctx->Build(std::move(group));
   if (!s.ok()) return s;
   *out = std::move(ctx);
   return Status::Ok();
 }
 
-Status Context::Build(MPI_Comm base) {
-  world = std::make_unique<MpiTransport>(base);
-
-  // Nodes are cut by world rank, so a process set's node groups are the
-  // job's nodes restricted to the set.
-  MPI_Comm local_comm;
-  if (config.local_size > 0) {
-    MPI_Comm_split(base, world_rank / config.local_size, rank, &local_comm);
-  } else {
-    MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local_comm);
+Status Context::Build(std::unique_ptr<Group> base) {
+  world = std::move(base);
+  try {
+    // Nodes are cut by world rank, so a process set's node groups are the
+    // job's nodes restricted to the set.
+    local = config.local_size > 0 ? world->Split(world_rank / config.local_size, rank)
+                                  : world->SplitByMachine(rank);
+    local_rank = local->rank();
+    local_size = local->size();
+    cross = world->Split(local_rank, rank);
+    cross_rank = cross->rank();
+    cross_size = cross->size();
+    for (Group* g : {world.get(), local.get(), cross.get()}) {
+      g->SetPeerTimeout(config.peer_timeout_s);
+      g->SetSpinPolls(config.spin_polls);
+    }
+    std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
+    for (int64_t n : local_sizes) homogeneous &= (n == local_size);
+    return ChooseAllreduce();
+  } catch (const TransportError& e) {
+    return Status::Internal(std::string("setting up the groups of ranks failed: ") + e.what() +
+                            Where());
   }
-  local = std::make_unique<MpiTransport>(local_comm);
-  local_rank = local->rank();
-  local_size = local->size();
-
-  MPI_Comm cross_comm;
-  MPI_Comm_split(base, local_rank, rank, &cross_comm);
-  cross = std::make_unique<MpiTransport>(cross_comm);
-  cross_rank = cross->rank();
-  cross_size = cross->size();
-
-  for (MpiTransport* t : {world.get(), local.get(), cross.get()}) {
-    t->SetPeerTimeout(config.peer_timeout_s);
-    t->SetSpinPolls(config.spin_polls);
-  }
-  std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
-  for (int64_t n : local_sizes) homogeneous &= (n == local_size);
-  return ChooseAllreduce();
 }
 
-Status Context::Create(std::unique_ptr<Context>* out) {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (finalized) {
-    return Status::FailedPrecondition("MPI has already been finalized in this process");
-  }
-  int provided = 0;
-  if (!initialized) {
-    int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    if (code != MPI_SUCCESS) return Status::Internal("MPI_Init_thread failed: " + MpiErrorString(code));
-  } else {
-    MPI_Query_thread(&provided);
-  }
+Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* out) {
   auto ctx = std::make_unique<Context>();
-  MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &ctx->size);
-  if (provided < MPI_THREAD_MULTIPLE) {
-    return Status::FailedPrecondition(
-        "MPI was initialised with thread level " + std::to_string(provided) +
-        " but keras_ddl needs MPI_THREAD_MULTIPLE; initialise MPI through keras_ddl.init() "
-        "or mpi4py's default thread level" + OnRank(ctx->rank));
+  ctx->rank = world->rank();
+  ctx->size = world->size();
+  ctx->world_rank = world->WorldRank(ctx->rank);
+  Status s;
+  try {
+    s = AgreeOnConfig(ctx.get(), *world);
+    if (!s.ok()) return s;
+    ctx->setup = world->Split(0, ctx->rank);
+  } catch (const TransportError& e) {
+    return Status::Internal(std::string("setting up the world group failed: ") + e.what() +
+                            ctx->Where());
   }
-  ctx->world_rank = ctx->rank;
-  Status s = AgreeOnConfig(ctx.get());
-  if (!s.ok()) return s;
-  // Every collective call of the background thread goes through its own
-  // duplicate, so user traffic on MPI_COMM_WORLD can never match ours.
-  MPI_Comm world;
-  MPI_Comm_dup(MPI_COMM_WORLD, &world);
-  s = ctx->Build(world);
+  s = ctx->Build(std::move(world));
   if (!s.ok()) return s;
   *out = std::move(ctx);
   return Status::Ok();

@@ -1,10 +1,12 @@
 // Who this process is: its rank in the world, on its node, and across nodes,
-// with one transport per group. Built once at init from MPI_COMM_WORLD.
+// with one Group (transport and control plane) per group of ranks. Built
+// from a world Group at init (MPI's, or threads as ranks in tests), and from
+// a process set's Group; nothing here knows which transport it is.
 #pragma once
 
 #include <memory>
 
-#include "../transport/mpi_transport.h"
+#include "../transport/group.h"
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
 #include "config.h"
@@ -24,9 +26,13 @@ struct Context {
   int cross_size = 1;
   bool homogeneous = true;  // every node has local_size ranks
   Config config;
-  std::unique_ptr<MpiTransport> world;  // negotiation and flat algorithms
-  std::unique_ptr<MpiTransport> local;  // ranks of this node
-  std::unique_ptr<MpiTransport> cross;  // ranks with this local_rank on every node
+  std::unique_ptr<Group> world;  // negotiation and flat algorithms
+  std::unique_ptr<Group> local;  // ranks of this node
+  std::unique_ptr<Group> cross;  // ranks with this local_rank on every node
+  // The global context only: the same ranks as `world`, for the group
+  // operations a caller's thread makes (add_process_set) while the engine
+  // thread uses `world`.
+  std::unique_ptr<Group> setup;
   // Shared memory of this node's ranks; null when allreduce runs flat.
   std::unique_ptr<ShmArena> node_memory;
   bool hierarchical = false;  // node_memory plus a cross-node step
@@ -36,24 +42,22 @@ struct Context {
   std::shared_ptr<ShmPool> output_pool;
   std::unique_ptr<Timeline> timeline;  // rank 0 with DDL_TIMELINE set, else null
 
-  // Initialises MPI if nobody has (thread level MULTIPLE is required, as
-  // Python may call MPI through mpi4py while the engine thread runs), reads
-  // the configuration and splits the world into node and cross groups.
-  static Status Create(std::unique_ptr<Context>* out);
-  // A context over the ranks of `group` (a communicator this process is a
-  // member of; taken over), with `config` already agreed by every rank.
-  static Status CreateForGroup(MPI_Comm group, int process_set, const Config& config,
-                               std::unique_ptr<Context>* out);
+  // Collective over `world` (taken over): reads the configuration, agrees
+  // on it with every rank and splits the world into node and cross groups.
+  static Status Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* out);
+  // A context over the ranks of `group` (taken over), with `config` already
+  // agreed by every rank.
+  static Status CreateForGroup(std::unique_ptr<Group> group, int process_set,
+                               const Config& config, std::unique_ptr<Context>* out);
 
   // " (rank R)" or " (rank R, process set N)": appended to every message a
   // user may see, with R the rank in the whole job.
   std::string Where() const;
 
  private:
-  // Splits `base` (a duplicate, owned from now on) into node and cross
-  // groups and chooses the allreduce.
-  Status Build(MPI_Comm base);
-  static Status AgreeOnConfig(Context* ctx);
+  // Splits `base` into node and cross groups and chooses the allreduce.
+  Status Build(std::unique_ptr<Group> base);
+  static Status AgreeOnConfig(Context* ctx, ControlPlane& world);
   // Applies DDL_ALLREDUCE to the topology; sets up node_memory if used.
   Status ChooseAllreduce();
 };

@@ -1,9 +1,9 @@
 #include "runtime.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <mutex>
+
+#include "../transport/mpi_world.h"
 
 namespace ddl {
 
@@ -23,8 +23,11 @@ std::vector<std::shared_ptr<Engine>>& Engines() {
 Status Initialize() {
   std::lock_guard<std::mutex> lock(RuntimeMutex());
   if (!Engines().empty() && Engines()[0]) return Status::Ok();
+  std::unique_ptr<Group> world;
+  Status s = OpenMpiWorld(&world);
+  if (!s.ok()) return s;
   std::unique_ptr<Context> ctx;
-  Status s = Context::Create(&ctx);
+  s = Context::Create(std::move(world), &ctx);
   if (!s.ok()) return s;
   Engines().assign(1, std::make_shared<Engine>(std::move(ctx)));
   return Status::Ok();
@@ -68,11 +71,16 @@ Status AddProcessSet(const std::vector<int>& ranks, int* id) {
   // Every rank must name the same set: compare a checksum of the list.
   uint64_t sum = ranks.size();
   for (int r : ranks) sum = sum * 1000003u + static_cast<uint64_t>(r) + 1;
-  uint64_t low = sum, high = sum;
-  int bad = problem.empty() ? 0 : 1, any_bad = 0;
-  MPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  Group& setup = *world.setup;
+  std::vector<int64_t> sums, bad;
+  try {
+    sums = setup.AllgatherInt64(static_cast<int64_t>(sum));
+    bad = setup.AllgatherInt64(problem.empty() ? 0 : 1);
+  } catch (const TransportError& e) {
+    return Status::Aborted(std::string("add_process_set(ranks): ") + e.what() + world.Where());
+  }
+  const bool any_bad = std::count(bad.begin(), bad.end(), 1) > 0;
+  const bool same = std::count(sums.begin(), sums.end(), sums[0]) == static_cast<long>(sums.size());
   if (!problem.empty()) {
     return Status::InvalidArgument("add_process_set(ranks): " + problem + world.Where());
   }
@@ -80,13 +88,17 @@ Status AddProcessSet(const std::vector<int>& ranks, int* id) {
     return Status::InvalidArgument("add_process_set(ranks): another rank passed invalid ranks "
                                    "(see its error)" + world.Where());
   }
-  if (low != high) {
+  if (!same) {
     return Status::InvalidArgument("add_process_set(ranks): the ranks differ between ranks of "
                                    "the job; every rank must pass the same list" + world.Where());
   }
   const bool member = std::binary_search(ranks.begin(), ranks.end(), world.world_rank);
-  MPI_Comm group = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world.world_rank, &group);
+  std::unique_ptr<Group> group;
+  try {
+    group = setup.Split(member ? 0 : -1, world.world_rank);
+  } catch (const TransportError& e) {
+    return Status::Aborted(std::string("add_process_set(ranks): ") + e.what() + world.Where());
+  }
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard<std::mutex> lock(RuntimeMutex());
@@ -94,7 +106,7 @@ Status AddProcessSet(const std::vector<int>& ranks, int* id) {
   }
   if (member) {
     std::unique_ptr<Context> ctx;
-    Status s = Context::CreateForGroup(group, *id, world.config, &ctx);
+    Status s = Context::CreateForGroup(std::move(group), *id, world.config, &ctx);
     if (!s.ok()) return s;
     engine = std::make_shared<Engine>(std::move(ctx));
   }

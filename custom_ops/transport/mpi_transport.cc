@@ -53,6 +53,20 @@ MpiTransport::~MpiTransport() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+std::unique_ptr<Group> MpiTransport::Split(int color, int key) {
+  MPI_Comm part = MPI_COMM_NULL;
+  Check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &part), "MPI_Comm_split");
+  if (part == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiTransport>(part);
+}
+
+std::unique_ptr<Group> MpiTransport::SplitByMachine(int key) {
+  MPI_Comm machine = MPI_COMM_NULL;
+  Check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, &machine),
+        "MPI_Comm_split_type");
+  return std::make_unique<MpiTransport>(machine);
+}
+
 Transport::Handle MpiTransport::Track(MPI_Request request, int peer) {
   if (!free_handles_.empty()) {
     Handle h = free_handles_.back();

@@ -1,5 +1,7 @@
-// Transport over one MPI communicator, plus the small collectives the
-// engine's negotiation needs. All waiting goes through Wait(), which polls
+// A Group over one MPI communicator: the transport, the small collectives
+// the engine's negotiation needs, and the splits into node and process-set
+// groups. Only files under transport/ include this header (and mpi.h); the
+// engine gets its world from OpenMpiWorld (mpi_world.h). All waiting goes through Wait(), which polls
 // with a short spin, then yields, then sleeps with backoff, so ranks that
 // outnumber cores still make progress.
 #pragma once
@@ -10,12 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "control_plane.h"
-#include "transport.h"
+#include "group.h"
 
 namespace ddl {
 
-class MpiTransport : public Transport, public ControlPlane {
+class MpiTransport : public Group {
  public:
   // Takes ownership of `comm` (freed in the destructor).
   explicit MpiTransport(MPI_Comm comm);
@@ -28,8 +29,7 @@ class MpiTransport : public Transport, public ControlPlane {
   Handle Isend(const void* data, size_t bytes, int peer, int tag) override;
   Handle Irecv(void* data, size_t bytes, int peer, int tag) override;
   void Wait(Handle handle) override;
-  // True once the message completed (the handle is then released).
-  bool Test(Handle handle);
+  bool Test(Handle handle) override;
   size_t MaxMessageBytes() const override { return kMaxMessageBytes; }
 
   // ControlPlane. An idle AND waits by sleeping rather than spinning, so
@@ -38,27 +38,24 @@ class MpiTransport : public Transport, public ControlPlane {
   std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine, int root) override;
   void BroadcastBytes(std::vector<char>& data, int root) override;
   std::vector<int64_t> AllgatherInt64(int64_t mine) override;
-  // Data collectives used by algorithms that map 1:1 onto MPI. Both move
-  // large buffers as a pipeline of bounded pieces (kMaxMessageBytes,
-  // kPiecesInFlight at a time), so a slow link shows progress piece by piece.
-  void Broadcast(void* data, size_t bytes, int root);
+  // Group. The data collectives move large buffers as a pipeline of
+  // bounded pieces (kMaxMessageBytes, kPiecesInFlight at a time), so a slow
+  // link shows progress piece by piece.
+  std::unique_ptr<Group> Split(int color, int key) override;
+  std::unique_ptr<Group> SplitByMachine(int key) override;
+  void Broadcast(void* data, size_t bytes, int root) override;
   void AllgatherV(const void* mine, size_t my_bytes, void* out,
-                  const std::vector<size_t>& bytes_per_rank);
+                  const std::vector<size_t>& bytes_per_rank) override;
 
   MPI_Comm comm() const { return comm_; }
   // Rank in MPI_COMM_WORLD of this communicator's rank `r`.
   int WorldRank(int r) const override { return world_ranks_[r]; }
 
-  // A wait throws PeerTimeout once no message of this transport has
-  // completed for this long (0 = wait forever). Progress, not elapsed
-  // time: every data path moves bounded pieces, so a slow link completes
-  // one every so often, while a dead peer or a cut link completes none.
-  void SetPeerTimeout(double seconds) { peer_timeout_s_ = seconds; }
-  // Polls a wait makes before it starts yielding its core (DDL_SPIN_POLLS).
-  void SetSpinPolls(int polls) { spin_polls_ = polls; }
-
-  // World ranks of the peers of messages still in flight (for errors).
-  std::vector<int> PendingPeers() const;
+  // Every data path moves bounded pieces, so a slow link completes one
+  // every so often, while a dead peer or a cut link completes none.
+  void SetPeerTimeout(double seconds) override { peer_timeout_s_ = seconds; }
+  void SetSpinPolls(int polls) override { spin_polls_ = polls; }
+  std::vector<int> PendingPeers() const override;
 
  private:
   // Largest single message of the data path; also the piece size of the

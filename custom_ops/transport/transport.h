@@ -24,6 +24,9 @@ class Transport {
   // Block (without monopolising the core) until the message completes.
   // Throws TransportError on failure.
   virtual void Wait(Handle handle) = 0;
+  // True once the message completed (the handle is then released); never
+  // blocks. Throws TransportError on failure.
+  virtual bool Test(Handle handle) = 0;
 
   // Largest message a single Isend/Irecv accepts; algorithms chunk above it.
   virtual size_t MaxMessageBytes() const = 0;

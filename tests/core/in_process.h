@@ -1,9 +1,10 @@
-// Threads as ranks: a Transport and a ControlPlane over the memory of one
-// process, so the core's algorithms, negotiation and node setup run
-// without MPI or TensorFlow. Messages between a pair of ranks with one tag
-// match in posting order, as MPI's do. Every wait gives up after a few
-// seconds with TransportError, so a deadlock in the code under test fails
-// the check instead of hanging it.
+// Threads as ranks: a Group (Transport and ControlPlane) over the memory of
+// one process, so the core's algorithms, negotiation, node setup and the
+// whole engine run without MPI or TensorFlow. Messages between a pair of
+// ranks with one tag match in posting order, as MPI's do. Every wait gives
+// up after the peer timeout (SetPeerTimeout) with PeerTimeout, or without
+// one after a few seconds with TransportError, so a deadlock in the code
+// under test fails the check instead of hanging it.
 #pragma once
 
 #include <algorithm>
@@ -18,8 +19,9 @@
 #include <tuple>
 #include <vector>
 
-#include "transport/control_plane.h"
-#include "transport/transport.h"
+#include <memory>
+
+#include "transport/group.h"
 
 namespace ddl_test {
 
@@ -29,9 +31,25 @@ using ddl::TransportError;
 class InProcessGroup {
  public:
   InProcessGroup(int size, size_t max_message_bytes)
-      : size_(size), max_message_bytes_(max_message_bytes), contributions_(size) {}
+      : size_(size), max_message_bytes_(max_message_bytes), contributions_(size) {
+    for (int r = 0; r < size; ++r) world_ranks_.push_back(r);
+  }
   int size() const { return size_; }
   size_t max_message_bytes() const { return max_message_bytes_; }
+  int WorldRank(int r) const { return world_ranks_.at(r); }
+
+  // The group made by split number `seq` of this group for `color`; the
+  // first member to ask creates it, the others get the same one.
+  std::shared_ptr<InProcessGroup> Child(int64_t seq, int color, std::vector<int> world_ranks) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& child = children_[{seq, color}];
+    if (!child) {
+      child = std::make_shared<InProcessGroup>(static_cast<int>(world_ranks.size()),
+                                               max_message_bytes_);
+      child->world_ranks_ = std::move(world_ranks);
+    }
+    return child;
+  }
 
   // Key of the stream of messages from `src` to `dst` with `tag`.
   using Stream = std::tuple<int, int, int>;
@@ -53,13 +71,29 @@ class InProcessGroup {
     }
     arrived_.notify_all();
   }
-  void Collect(const Stream& s, int64_t seq, void* data, size_t bytes) {
+  // `timeout_s` > 0: the peer timeout of the waiting rank.
+  void Collect(const Stream& s, int64_t seq, void* data, size_t bytes, double timeout_s = 0) {
     std::unique_lock<std::mutex> lock(mutex_);
     auto key = std::make_pair(s, seq);
-    if (!arrived_.wait_for(lock, kPatience, [&] { return mail_.count(key) > 0; })) {
-      throw TransportError("receive from rank " + std::to_string(std::get<0>(s)) + " with tag " +
-                           std::to_string(std::get<2>(s)) + " never matched (deadlock?)");
+    if (!arrived_.wait_for(lock, Patience(timeout_s), [&] { return mail_.count(key) > 0; })) {
+      const std::string what = "receive from rank " + std::to_string(WorldRank(std::get<0>(s))) +
+                               " with tag " + std::to_string(std::get<2>(s));
+      if (timeout_s > 0) throw ddl::PeerTimeout("no progress waiting for a " + what);
+      throw TransportError(what + " never matched (deadlock?)");
     }
+    Take(key, data, bytes);
+  }
+  // Collect if the message is there, without waiting.
+  bool TryCollect(const Stream& s, int64_t seq, void* data, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto key = std::make_pair(s, seq);
+    if (mail_.count(key) == 0) return false;
+    Take(key, data, bytes);
+    return true;
+  }
+
+ private:
+  void Take(const std::pair<Stream, int64_t>& key, void* data, size_t bytes) {
     std::vector<char>& m = mail_[key];
     if (m.size() != bytes) {
       throw TransportError("message of " + std::to_string(m.size()) + " bytes for a receive of " +
@@ -68,9 +102,15 @@ class InProcessGroup {
     if (bytes) std::memcpy(data, m.data(), bytes);
     mail_.erase(key);
   }
+  std::chrono::milliseconds Patience(double timeout_s) const {
+    return timeout_s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))
+                         : std::chrono::milliseconds(kPatience);
+  }
 
+ public:
   // Every rank contributes bytes; every rank gets all contributions.
-  std::vector<std::vector<char>> Exchange(int rank, std::vector<char> mine) {
+  // After a timeout the rank withdraws its contribution.
+  std::vector<std::vector<char>> Exchange(int rank, std::vector<char> mine, double timeout_s = 0) {
     std::unique_lock<std::mutex> lock(mutex_);
     const int64_t generation = generation_;
     contributions_[rank] = std::move(mine);
@@ -79,7 +119,10 @@ class InProcessGroup {
       arrived_count_ = 0;
       ++generation_;
       arrived_.notify_all();
-    } else if (!arrived_.wait_for(lock, kPatience, [&] { return generation_ != generation; })) {
+    } else if (!arrived_.wait_for(lock, Patience(timeout_s),
+                                  [&] { return generation_ != generation; })) {
+      --arrived_count_;
+      if (timeout_s > 0) throw ddl::PeerTimeout("no progress in a group operation");
       throw TransportError("a group operation was not joined by every rank (deadlock?)");
     }
     return result_;
@@ -115,18 +158,23 @@ class InProcessGroup {
   std::vector<std::vector<char>> contributions_, result_;
   int arrived_count_ = 0;
   int64_t generation_ = 0;
+  std::vector<int> world_ranks_;  // of each rank of this group
+  std::map<std::pair<int64_t, int>, std::shared_ptr<InProcessGroup>> children_;
 };
 
 // One rank's view of the group. Sends are buffered (they complete at once);
 // a receive completes in Wait. So a send buffer changed before its Wait,
 // which MPI leaves undefined, goes unnoticed here.
-class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
+class InProcessRank : public ddl::Group {
  public:
   InProcessRank(InProcessGroup& group, int rank) : group_(group), rank_(rank) {}
+  // A rank of a group made by a split (kept alive by its ranks).
+  InProcessRank(std::shared_ptr<InProcessGroup> group, int rank)
+      : owned_(std::move(group)), group_(*owned_), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_.size(); }
-  int WorldRank(int r) const override { return r; }
+  int WorldRank(int r) const override { return group_.WorldRank(r); }
   size_t MaxMessageBytes() const override { return group_.max_message_bytes(); }
 
   Handle Isend(const void* data, size_t bytes, int peer, int tag) override {
@@ -143,9 +191,82 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
   void Wait(Handle h) override {
     Message& m = messages_.at(static_cast<size_t>(h));
     if (m.waited) return;
-    if (m.seq >= 0) group_.Collect(m.stream, m.seq, m.data, m.bytes);
+    if (m.seq >= 0) group_.Collect(m.stream, m.seq, m.data, m.bytes, peer_timeout_s_);
     m.waited = true;
     --outstanding_;
+  }
+  bool Test(Handle h) override {
+    Message& m = messages_.at(static_cast<size_t>(h));
+    if (!m.waited && m.seq >= 0 && !group_.TryCollect(m.stream, m.seq, m.data, m.bytes)) {
+      return false;
+    }
+    if (!m.waited) --outstanding_;
+    m.waited = true;
+    return true;
+  }
+
+  // Group.
+  std::unique_ptr<ddl::Group> Split(int color, int key) override {
+    const int64_t mine[2] = {color, key};
+    const char* p = reinterpret_cast<const char*>(mine);
+    auto all = Exchange(std::vector<char>(p, p + sizeof mine));
+    const int64_t seq = splits_++;
+    if (color < 0) return nullptr;
+    std::vector<std::pair<int64_t, int>> members;  // (key, rank) of this color
+    for (int r = 0; r < size(); ++r) {
+      int64_t theirs[2];
+      std::memcpy(theirs, all[r].data(), sizeof theirs);
+      if (theirs[0] == color) members.emplace_back(theirs[1], r);
+    }
+    std::sort(members.begin(), members.end());
+    std::vector<int> world_ranks;
+    int new_rank = 0;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i].second == rank_) new_rank = static_cast<int>(i);
+      world_ranks.push_back(WorldRank(members[i].second));
+    }
+    return std::make_unique<InProcessRank>(group_.Child(seq, color, std::move(world_ranks)),
+                                           new_rank);
+  }
+  // Threads share one machine.
+  std::unique_ptr<ddl::Group> SplitByMachine(int key) override { return Split(0, key); }
+  void Broadcast(void* data, size_t bytes, int root) override {
+    const char* p = static_cast<const char*>(data);
+    auto all = Exchange(rank_ == root ? std::vector<char>(p, p + bytes) : std::vector<char>());
+    if (all[root].size() != bytes) {
+      throw TransportError("broadcast of " + std::to_string(bytes) + " bytes, root sent " +
+                           std::to_string(all[root].size()));
+    }
+    if (rank_ != root && bytes) std::memcpy(data, all[root].data(), bytes);
+  }
+  void AllgatherV(const void* mine, size_t my_bytes, void* out,
+                  const std::vector<size_t>& bytes_per_rank) override {
+    const char* p = static_cast<const char*>(mine);
+    auto all = Exchange(std::vector<char>(p, p + my_bytes));
+    char* dst = static_cast<char*>(out);
+    for (int r = 0; r < size(); ++r) {
+      if (all[r].size() != bytes_per_rank.at(r)) {
+        throw TransportError("allgather: rank " + std::to_string(r) + " sent " +
+                             std::to_string(all[r].size()) + " bytes, expected " +
+                             std::to_string(bytes_per_rank[r]));
+      }
+      if (!all[r].empty()) std::memcpy(dst, all[r].data(), all[r].size());
+      dst += all[r].size();
+    }
+  }
+  void SetPeerTimeout(double seconds) override { peer_timeout_s_ = seconds; }
+  void SetSpinPolls(int) override {}
+  std::vector<int> PendingPeers() const override {
+    std::vector<int> peers;
+    for (const Message& m : messages_) {
+      const int peer = WorldRank(std::get<0>(m.stream) == rank_ ? std::get<1>(m.stream)
+                                                                : std::get<0>(m.stream));
+      if (!m.waited && m.seq >= 0 && std::find(peers.begin(), peers.end(), peer) == peers.end()) {
+        peers.push_back(peer);
+      }
+    }
+    std::sort(peers.begin(), peers.end());
+    return peers;
   }
 
   // What an algorithm's bounds are checked against: the most messages it
@@ -155,7 +276,7 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
 
   void AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool) override {
     const char* p = reinterpret_cast<const char*>(words.data());
-    auto all = group_.Exchange(rank_, std::vector<char>(p, p + words.size() * sizeof(uint64_t)));
+    auto all = Exchange(std::vector<char>(p, p + words.size() * sizeof(uint64_t)));
     for (const auto& other : all) {
       if (other.size() != words.size() * sizeof(uint64_t)) {
         throw TransportError("AND over word vectors of different lengths");
@@ -165,16 +286,16 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
     }
   }
   std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine, int root) override {
-    auto all = group_.Exchange(rank_, mine);
+    auto all = Exchange(mine);
     return rank_ == root ? all : std::vector<std::vector<char>>();
   }
   void BroadcastBytes(std::vector<char>& data, int root) override {
-    data = group_.Exchange(rank_, data)[root];
+    data = Exchange(data)[root];
   }
   std::vector<int64_t> AllgatherInt64(int64_t mine) override {
     const char* p = reinterpret_cast<const char*>(&mine);
     std::vector<int64_t> out;
-    for (const auto& v : group_.Exchange(rank_, std::vector<char>(p, p + sizeof mine))) {
+    for (const auto& v : Exchange(std::vector<char>(p, p + sizeof mine))) {
       int64_t x;
       std::memcpy(&x, v.data(), sizeof x);
       out.push_back(x);
@@ -183,6 +304,9 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
   }
 
  private:
+  std::vector<std::vector<char>> Exchange(std::vector<char> mine) {
+    return group_.Exchange(rank_, std::move(mine), peer_timeout_s_);
+  }
   struct Message {
     void* data;
     size_t bytes;
@@ -205,8 +329,11 @@ class InProcessRank : public ddl::Transport, public ddl::ControlPlane {
                            std::to_string(group_.max_message_bytes()));
     }
   }
+  std::shared_ptr<InProcessGroup> owned_;  // null for a group the caller owns
   InProcessGroup& group_;
   int rank_;
+  double peer_timeout_s_ = 0;
+  int64_t splits_ = 0;  // splits of this group so far (the same on every rank)
   std::vector<Message> messages_;
   int outstanding_ = 0, max_outstanding_ = 0, empty_messages_ = 0;
 };
