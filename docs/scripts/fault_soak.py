@@ -188,6 +188,8 @@ def soak(cluster, workdir, epochs, seed, reference):
             attempt_before, _ = job.attempt()
             injected = time.time()
             undo, target = inject(fault, job, cluster, mount, rng)
+            with job.lock:
+                job.lines.append((injected, f"SOAKER injected {fault} ({target})"))
             if fault == "full_disk":  # freed once the failed backup ended the attempt
                 while time.time() < injected + 120 and job.attempt()[0] == attempt_before:
                     time.sleep(0.5)
@@ -222,6 +224,7 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seed", type=int, default=1, help="seed of the first run (then +1 each)")
     p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--log-dir", default=".", help="where each run's output is kept")
     args = p.parse_args()
     from keras_ddl.cluster import NetnsCluster
     cluster = NetnsCluster(2, "1gbit").up()
@@ -238,8 +241,10 @@ def main():
             rows, code, same, job = soak(cluster, workdir, args.epochs, seed, reference)
             print_table(seed, rows, code, same)
             ok = same and rows and all(r[-1] for r in rows) and len(rows) == len(FAULTS)
-            if not ok:
-                print("\n".join(t for _, t in job.lines if "ddlrun:" in t or "SOAK" not in t)[-6000:])
+            log = os.path.join(args.log_dir, f"fault_soak-seed-{seed}.log")
+            with open(log, "w") as f:
+                f.writelines(f"{when:.3f} {text}\n" for when, text in job.lines)
+            print(f"(the job's whole output, with arrival times: {log})")
             passed += bool(ok)
     finally:
         cluster.down()
