@@ -12,7 +12,8 @@ moments, each once the job trains again after the previous one:
   cut_link   node2's link down for the peer timeout + 3 s
   sigstop    SIGSTOP of a rank on node2 for the peer timeout + 3 s
   slow_link  both links at 10 Mbit/s for 12 s: must NOT be taken for a death
-  full_disk  the backup tmpfs filled until the next backup fails, then freed
+  full_disk  the backup tmpfs filled (just after an epoch began) until the
+             next backup fails, then freed
 
 Then the job must finish on its own, with weights and optimizer state
 bitwise equal to an uninterrupted run of the same job on the same cluster.
@@ -127,6 +128,11 @@ def inject(fault, job, cluster, backup_mount, rng):
         cluster.set_rate("1gbit")
         return None, "both links"
     if fault == "full_disk":
+        # Just after an epoch began: the disk is full when the next backup
+        # starts, not in the middle of one (see docs/failures.md, Limits).
+        seen = time.time()
+        while not any("SOAK EPOCH" in text for _, text in job.since(seen)):
+            time.sleep(0.02)
         free = shutil.disk_usage(backup_mount).free
         filler = os.path.join(backup_mount, "filler")
         with open(filler, "wb") as f:
