@@ -16,6 +16,7 @@ complete, so a process killed while saving leaves the previous backup as
 the latest; the next save removes the partial one.
 """
 
+import errno
 import glob
 import hashlib
 import json
@@ -26,6 +27,7 @@ import sys
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from . import _private_api, basics
@@ -53,6 +55,24 @@ def _fsync(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _free_bytes(directory):
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _check_room(directory, variables):
+    """Raises ENOSPC before writing if the weights cannot fit: when the disk
+    fills in the middle of Keras' HDF5 write, h5py crashes the process
+    (a segmentation fault while closing the file) instead of raising."""
+    needed = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    # HDF5's own structures: tens of KB, and about 2 KB per dataset.
+    needed = int(needed * 1.05) + 64 * 1024 + 2048 * len(variables)
+    free = _free_bytes(directory)
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"No space left on device: the backup needs about "
+                                    f"{needed} bytes, {free} are free")
 
 
 def _warn(text):
@@ -188,15 +208,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._is_root():
             self.save(epoch + 1)
 
-    def save(self, epoch):
-        """Writes the backup of `epoch` completed epochs (call on root_rank)."""
-        os.makedirs(self.backup_dir, exist_ok=True)
-        for partial in glob.glob(os.path.join(self.backup_dir, ".partial-*")):
-            _warn(f"BackupAndRestore removes {partial}, left by an interrupted save")
-            shutil.rmtree(partial, ignore_errors=True)
-        final = os.path.join(self.backup_dir, f"epoch-{epoch:06d}")
-        partial = os.path.join(self.backup_dir, f".partial-epoch-{epoch:06d}-{os.getpid()}")
+    def _write(self, partial, epoch):
+        """Writes the weights and meta.json of `epoch` into the directory `partial`."""
         os.makedirs(partial)
+        _check_room(partial, self._variables())
         weights = os.path.join(partial, _WEIGHTS)
         self.model.save_weights(weights)
         _fsync(weights)
@@ -206,6 +221,25 @@ class BackupAndRestore(keras.callbacks.Callback):
             json.dump(meta, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+
+    def save(self, epoch):
+        """Writes the backup of `epoch` completed epochs (call on root_rank)."""
+        os.makedirs(self.backup_dir, exist_ok=True)
+        for partial in glob.glob(os.path.join(self.backup_dir, ".partial-*")):
+            _warn(f"BackupAndRestore removes {partial}, left by an interrupted save")
+            shutil.rmtree(partial, ignore_errors=True)
+        final = os.path.join(self.backup_dir, f"epoch-{epoch:06d}")
+        partial = os.path.join(self.backup_dir, f".partial-epoch-{epoch:06d}-{os.getpid()}")
+        try:
+            self._write(partial, epoch)
+        except OSError as e:  # a full disk, a quota, a lost mount
+            shutil.rmtree(partial, ignore_errors=True)
+            kept = self.backups()
+            previous = (f"the previous backup {kept[-1][1]} is intact" if kept
+                        else "there is no earlier backup")
+            raise OSError(e.errno, f"keras_ddl: BackupAndRestore could not write the backup of "
+                                   f"epoch {epoch} in {self.backup_dir} on rank "
+                                   f"{basics.rank()}: {e.strerror or e}; {previous}") from e
         if os.path.exists(final):  # left by a run that fell back past it
             stale = partial + ".stale"
             os.rename(final, stale)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import keras_ddl as ddl
+from keras_ddl import checkpoint
 
 
 def make_model():
@@ -73,3 +74,28 @@ def test_every_backup_damaged_is_an_error(tmp_path):
     with pytest.raises(RuntimeError, match="none loads"):
         make_model().fit(x, y, batch_size=4, epochs=2, verbose=0,
                          callbacks=[ddl.callbacks.BackupAndRestore(tmp_path / "b")])
+
+
+def test_a_full_disk_is_a_clear_error_and_the_previous_backup_stays(tmp_path, monkeypatch):
+    # From epoch 2 on the disk has 10 KB free. (A disk that fills in the
+    # middle of Keras' HDF5 write crashes the process inside h5py: the room
+    # is checked before writing.)
+    x, y = data()
+    backup = ddl.callbacks.BackupAndRestore(tmp_path / "b")
+
+    class DiskFills(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                monkeypatch.setattr(checkpoint, "_free_bytes", lambda directory: 10000)
+
+    with pytest.raises(OSError, match=r"keras_ddl: BackupAndRestore could not write the "
+                                      r"backup of epoch 2 in .*b on rank 0: No space left on "
+                                      r"device: the backup needs about \d+ bytes, 10000 are "
+                                      r"free; the previous backup .*epoch-000001 is intact"):
+        make_model().fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False,
+                         callbacks=[backup, DiskFills()])
+    assert os.listdir(tmp_path / "b") == ["epoch-000001"]  # nothing half-written is left
+    monkeypatch.undo()
+    again = ddl.callbacks.BackupAndRestore(tmp_path / "b")
+    make_model().fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False, callbacks=[again])
+    assert again.restored_epoch == 1 and [e for e, _ in again.backups()] == [2, 3]

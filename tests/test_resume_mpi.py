@@ -1,6 +1,7 @@
 """Kill and resume under mpiexec -n 3: a job killed mid-epoch, then killed
 again while writing a backup, ends (after two restarts) with exactly the
-weights and optimizer state of a run that was never interrupted."""
+weights and optimizer state of a run that was never interrupted. And on 2
+ranks, ddlrun --max-restarts does the restart itself."""
 
 import glob
 import os
@@ -15,10 +16,10 @@ from conftest import MPI_DIR, TESTS_DIR, launch_env
 SCRIPT = os.path.join(MPI_DIR, "resume_job.py")
 
 
-def launch(mode, backup_dir):
+def launch(mode, backup_dir, nprocs=3, options=()):
     # through ddlrun, which names the rank that died first
-    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", "--no-prefix-output", sys.executable, SCRIPT,
-            mode, str(backup_dir)]
+    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", str(nprocs),
+            "--no-prefix-output", *options, sys.executable, SCRIPT, mode, str(backup_dir)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           env=launch_env({"DDL_PEER_TIMEOUT_S": "5"}), cwd=TESTS_DIR)
     proc.ended = time.time()
@@ -103,3 +104,29 @@ def test_killed_twice_then_resumed_equals_uninterrupted(tmp_path):
     assert again.returncode == 0, output(again)
     assert restored(again) == (epochs, steps_per_epoch * epochs)
     assert finals(again) == (digest, iterations)
+
+
+def test_ddlrun_max_restarts_resumes_a_killed_job_to_the_uninterrupted_weights(tmp_path):
+    straight = launch("full", tmp_path / "straight" / "backup", nprocs=2)
+    assert straight.returncode == 0, output(straight)
+    # Rank 1 kills itself mid-way through epoch 2 of the first attempt only;
+    # ddlrun relaunches, and the job resumes from the backup of epoch 1.
+    restarted = launch("killonce", tmp_path / "restarted" / "backup", nprocs=2,
+                       options=["--max-restarts", "1", "--restart-delay-s", "1"])
+    assert restarted.returncode == 0, output(restarted)
+    assert re.search(r"^RANK 1 killed at [\d.]+$", restarted.stdout, re.MULTILINE), \
+        output(restarted)
+    assert re.search(r"^ddlrun: restart 1 of at most 1: attempt 1 failed \(exit code \d+\); "
+                     r"rank 1 on \S+ ended first \(killed by SIGKILL\).*Time lost: [\d.]+ s",
+                     restarted.stderr, re.MULTILINE), output(restarted)
+    resumed = re.findall(r"^RANK (\d) RESTORED epoch=(\d+) iterations=(\d+)$",
+                         restarted.stdout, re.MULTILINE)
+    assert sorted(resumed) == [("0", "0", "0"), ("0", "1", "4"), ("1", "0", "0"),
+                               ("1", "1", "4")], output(restarted)
+    assert lines(restarted, r"FINAL digest=(\w+) iterations=(\d+)")[0].group(1) == \
+        lines(straight, r"FINAL digest=(\w+) iterations=(\d+)")[0].group(1)
+    a = np.load(tmp_path / "straight" / "full.final.npz")
+    b = np.load(tmp_path / "restarted" / "killonce.final.npz")
+    assert a.files == b.files
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])

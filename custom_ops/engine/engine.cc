@@ -7,14 +7,11 @@
 #include <thread>
 
 #include "../negotiation/coordinator.h"
-#include "../transport/tags.h"
 #include "thread_priority.h"
 
 namespace ddl {
 
 namespace {
-
-constexpr size_t kVerdictBytes = 4096;
 
 std::atomic<bool> peer_failure_seen{false};
 
@@ -73,37 +70,38 @@ std::string ResolveAlltoallSplits(Work& w, int size) {
 
 bool Engine::PeerFailureSeen() { return peer_failure_seen.load(); }
 
-// The failure policy of the data path: a collective that fails halfway
+// The failure policy, whatever the phase: a collective that fails halfway
 // (no progress within DDL_PEER_TIMEOUT_S, or a transport error) leaves
-// messages posted into buffers that the framework will free and ranks that
+// messages posted into buffers that will be freed (the framework's tensors
+// in a data transfer, the negotiation's own vectors there) and ranks that
 // no longer agree on what comes next. Nothing can be retried safely, so the
-// rank names the peers it was waiting for and ends its process at once; the
-// launcher then ends the job. Negotiation failures, where no data buffer is
-// involved, are diagnosed and reported as errors instead (see RunCycle).
-void Engine::AbortOnDataPathFailure(const std::exception& e) {
-  std::vector<int> peers;
-  if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) peers = timeout->unreachable();
-  if (peers.empty()) {
-    for (const Group* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
+// rank probes every other rank (fault_report.h), prints the one diagnosis,
+// and ends its process; the launcher then ends the job, and ddlrun
+// --max-restarts can start it again from its last backup.
+void Engine::AbortOnPeerFailure(const std::exception& e, const char* phase) {
+  peer_failure_seen = true;
+  std::vector<int> awaited;
+  if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) awaited = timeout->unreachable();
+  if (awaited.empty()) {
+    for (const auto* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
+      if (t == nullptr) continue;
       for (int p : t->PendingPeers()) {
-        if (std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+        if (std::find(awaited.begin(), awaited.end(), p) == awaited.end()) awaited.push_back(p);
       }
     }
   }
-  std::sort(peers.begin(), peers.end());
-  if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(peers);
-  const std::string names = RankList(peers);
-  // The wall-clock time, since this line may reach the launcher late
-  // (over the very link that failed).
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  const double unix_seconds = std::chrono::duration<double>(now).count();
+  std::sort(awaited.begin(), awaited.end());
+  // At once: this node's ranks waiting on this one in shared memory learn
+  // whom it lost, instead of timing out on it.
+  if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(awaited);
+  // A probe answers within milliseconds; a host behind a cut link never
+  // does, so the patience bounds how long the report takes.
+  const double patience = std::min(3.0, std::max(1.0, ctx_->config.peer_timeout_s / 5));
+  const std::string report = DescribeFault(peers_, phase, e.what(), awaited, patience);
   std::fprintf(stderr,
-               "[keras_ddl] at unix time %.3f: communication failed in a collective: %s. %s"
-               "The link may be down, or the rank died or hangs. keras_ddl ends this process "
-               "now (exit code %d) so that the job ends instead of hanging%s\n",
-               unix_seconds, e.what(),
-               names.empty() ? "" : ("Unreachable: rank(s) [" + names + "]. ").c_str(),
-               kDataPathFailureExitCode, ctx_->Where().c_str());
+               "[keras_ddl] %skeras_ddl ends this process now (exit code %d) so that the job "
+               "ends instead of hanging%s\n",
+               report.c_str(), kDataPathFailureExitCode, ctx_->Where().c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   // The pending works are never finished, so the framework keeps their
@@ -115,61 +113,11 @@ void Engine::AbortOnDataPathFailure(const std::exception& e) {
   std::_Exit(kDataPathFailureExitCode);
 }
 
-std::string Engine::DiagnoseSilentPeers() {
-  Group& world = *ctx_->world;
-  const double timeout = ctx_->config.peer_timeout_s;
-  // Live ranks time out within milliseconds of each other (they all sat in
-  // the same negotiation), so a few seconds is plenty to hear from them.
-  const auto patience = std::chrono::duration<double>(std::max(5.0, timeout / 2));
-  const auto deadline = std::chrono::steady_clock::now() + patience;
-  const std::string silence = "no negotiation traffic for " +
-                              std::to_string(static_cast<int>(timeout)) + " s (DDL_PEER_TIMEOUT_S)";
-  if (ctx_->rank == 0) {
-    std::vector<char> probes(ctx_->size);
-    std::vector<Transport::Handle> handles(ctx_->size, -1);
-    std::vector<bool> heard(ctx_->size, false);
-    heard[0] = true;
-    for (int r = 1; r < ctx_->size; ++r) handles[r] = world.Irecv(&probes[r], 1, r, kProbeTag);
-    while (std::chrono::steady_clock::now() < deadline &&
-           std::count(heard.begin(), heard.end(), false) > 0) {
-      for (int r = 1; r < ctx_->size; ++r) {
-        if (!heard[r]) heard[r] = world.Test(handles[r]);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    std::string missing;
-    for (int r = 0; r < ctx_->size; ++r) {
-      if (!heard[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    std::string verdict =
-        missing.empty()
-            ? "keras_ddl negotiation made no progress: " + silence +
-                  ", yet every rank answered a probe"
-            : "rank(s) [" + missing + "] stopped responding: " + silence +
-                  "; the process died, was killed, or hangs. The job cannot continue";
-    std::vector<char> message(verdict.begin(), verdict.end());
-    message.resize(std::min(message.size() + 1, kVerdictBytes), '\0');
-    message.back() = '\0';
-    for (int r = 1; r < ctx_->size; ++r) {
-      if (heard[r]) world.Isend(message.data(), message.size(), r, kVerdictTag);
-    }
-    return verdict;
-  }
-  char probe = 1;
-  world.Isend(&probe, 1, 0, kProbeTag);
-  std::vector<char> verdict(kVerdictBytes, '\0');
-  Transport::Handle h = world.Irecv(verdict.data(), verdict.size(), 0, kVerdictTag);
-  const auto verdict_deadline = deadline + patience;
-  while (std::chrono::steady_clock::now() < verdict_deadline) {
-    if (world.Test(h)) return std::string(verdict.data());
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return "rank(s) [0] stopped responding: " + silence +
-         "; the process died, was killed, or hangs. The job cannot continue";
-}
-
 Engine::Engine(std::unique_ptr<Context> ctx)
-    : ctx_(std::move(ctx)), controller_(*ctx_->world, ctx_->config), executor_(*ctx_) {
+    : ctx_(std::move(ctx)),
+      controller_(*ctx_->world, ctx_->config),
+      executor_(*ctx_),
+      peers_(PeerTable::Exchange(*ctx_->world)) {
   thread_ = std::thread(&Engine::Loop, this);
 }
 
@@ -289,8 +237,8 @@ std::string Engine::RanksShuttingDown() {
   // in this one extra exchange.
   try {
     return controller_.RanksShuttingDown(shutdown_requested_);
-  } catch (const PeerTimeout&) {
-    return "a rank";
+  } catch (const TransportError& e) {
+    AbortOnPeerFailure(e, "the shutdown exchange");
   }
 }
 
@@ -448,13 +396,9 @@ bool Engine::RunCycle() {
   Negotiated outcome;
   try {
     outcome = controller_.Negotiate(shutdown_requested_);
-  } catch (const PeerTimeout&) {
-    peer_failure_seen = true;
-    std::string verdict = DiagnoseSilentPeers() + ctx_->Where();
-    std::fprintf(stderr, "[keras_ddl] %s\n", verdict.c_str());
-    std::fflush(stderr);
-    FailAll(Status::Aborted(verdict));
-    return false;
+  } catch (const TransportError& e) {
+    // Its collective is still posted, into vectors that are gone now.
+    AbortOnPeerFailure(e, "negotiation");
   }
   // What runs is taken before the refused are finished: a done callback
   // may throw, and FailAll then reaches the taken works in runnable_.
@@ -486,7 +430,7 @@ bool Engine::RunCycle() {
   try {
     executor_.Run(runnable_, outcome.active);
   } catch (const std::exception& e) {
-    AbortOnDataPathFailure(e);
+    AbortOnPeerFailure(e, "a data transfer");
   }
   const bool ran_any = !runnable_.empty();
   runnable_.clear();

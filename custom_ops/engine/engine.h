@@ -23,11 +23,13 @@
 #include "../negotiation/controller.h"
 #include "executor.h"
 #include "../negotiation/message.h"
+#include "fault_report.h"
 #include "work.h"
 
 namespace ddl {
 
-// Exit code of a process that keras_ddl ended after a failed collective.
+// Exit code of a process that keras_ddl ended after a failed collective
+// (in negotiation or in a data transfer alike).
 constexpr int kDataPathFailureExitCode = 70;
 
 class Engine {
@@ -83,18 +85,16 @@ class Engine {
   // result discarded; the memory lives as long as the work.
   static Work StandIn(const Request& request);
   void FailAll(const Status& status);
-  // After a negotiation timeout: finds out which ranks are silent (rank 0
-  // collects probes from the live ranks and tells them) and returns the
-  // message every live rank reports.
-  std::string DiagnoseSilentPeers();
-  // Prints what failed and whom it waited for, then ends the process.
-  [[noreturn]] void AbortOnDataPathFailure(const std::exception& e);
+  // After a transport failure or timeout in `phase`: probes every rank,
+  // prints the one diagnosis (fault_report.h), then ends the process.
+  [[noreturn]] void AbortOnPeerFailure(const std::exception& e, const char* phase);
   // "rank(s) [..]" that asked for shutdown this cycle (a collective step).
   std::string RanksShuttingDown();
 
   std::unique_ptr<Context> ctx_;
   Controller controller_;
   Executor executor_;
+  PeerTable peers_;  // every rank's host, pid and probe address, learnt at start-up
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -1,7 +1,7 @@
 // Every message tag of the core, in one place: messages between the same
 // two ranks of one group match by tag, so two users of a group must never
-// share one. Algorithms take the 100s, the engine's failure diagnosis the
-// 7000s.
+// share one. Algorithms take the 100s. (The failure diagnosis probes over
+// TCP, apart from every group: engine/fault_report.h.)
 #pragma once
 
 namespace ddl {
@@ -17,7 +17,5 @@ constexpr int kTagAcrossScatter = 112;  // algorithms/rack_allreduce.cc: B, acro
 constexpr int kTagAcrossGather = 113;   // algorithms/rack_allreduce.cc: C, across racks
 constexpr int kTagRackGather = 114;     // algorithms/rack_allreduce.cc: D, inside the rack
 constexpr int kTagRackExchange = 115;   // algorithms/rack_allreduce.cc: small calls
-constexpr int kProbeTag = 7001;         // engine/engine.cc: "I am alive" to rank 0
-constexpr int kVerdictTag = 7002;       // engine/engine.cc: rank 0's verdict
 
 }  // namespace ddl

@@ -56,7 +56,11 @@ ALLOCATION_VARIABLES = ("HYDRA_HOST_FILE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOB
 # What Open MPI's mpiexec exports to the ranks (it exports nothing by default).
 OPENMPI_EXPORT_PREFIXES = ("DDL_", "TF_", "KERAS_", "UCX_", "OMP_", "NCCL_", "CUDA_", "PYTHON",
                            "HOROVOD_")  # mapped to DDL_* twins at init (horovod_env.py)
-OPENMPI_EXPORT_NAMES = ("PATH", "LD_LIBRARY_PATH", TOKEN_VARIABLE)
+OPENMPI_EXPORT_NAMES = ("PATH", "LD_LIBRARY_PATH", TOKEN_VARIABLE, "DDLRUN_RESTART_COUNT")
+# Between a failed attempt and the next under --max-restarts: time for the
+# failed job's ports and shared memory to be released, and for a scheduler's
+# SIGTERM that reached the ranks first to reach ddlrun too.
+DEFAULT_RESTART_DELAY_S = 3.0
 
 
 class UsageError(ValueError):
@@ -109,8 +113,42 @@ def build_parser():
     p.add_argument("--verbose", action="store_true",
                    help="rank 0 prints the topology the ranks agreed on (racks, nodes, where "
                         "they were learnt) and the allreduce chosen, once at init")
+    add_restart_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
+
+
+def add_restart_options(p):
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="when a rank fails, end the job and launch it again on the same hosts, "
+                        "at most N times (the script resumes from its BackupAndRestore "
+                        "directory); a signal to ddlrun (Ctrl-C, SIGTERM) is never restarted")
+    p.add_argument("--restart-delay-s", type=float, metavar="S",
+                   help=f"seconds between a failed attempt and the next (default "
+                        f"{DEFAULT_RESTART_DELAY_S:g})")
+
+
+def validate_restarts(args):
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.restart_delay_s is None:
+        args.restart_delay_s = DEFAULT_RESTART_DELAY_S
+    elif args.max_restarts == 0:
+        raise UsageError("--restart-delay-s applies with --max-restarts N (N >= 1) only")
+    elif not 0 <= args.restart_delay_s <= 3600:  # also refuses nan
+        raise UsageError(f"--restart-delay-s must be in [0, 3600] seconds, got "
+                         f"{args.restart_delay_s}")
+
+
+def run_restarting(args, env, hosts):
+    """--max-restarts N: every attempt has its own death watch (and token);
+    see restart.py."""
+    from . import restart  # only here: ddlrun --help loads as little as it can
+
+    return restart.run_with_restarts(
+        lambda address: build_command(args, env, hosts, agent_address=address),
+        args.prefix_output, control_address(args, hosts), env, args.max_restarts,
+        args.restart_delay_s, launcher_shares_terminal)
 
 
 def parse_hosts(spec, source):
@@ -204,6 +242,7 @@ def validate(args):
         script = args.command[1]
         if script.endswith(".py") and not os.path.isfile(script):
             raise UsageError(f"script '{script}' does not exist")
+    validate_restarts(args)
     env = {}
     if args.fusion_threshold_mb is not None:
         check_setting("--fusion-threshold-mb", "DDL_FUSION_THRESHOLD_MB", args.fusion_threshold_mb)
@@ -368,6 +407,8 @@ def main(argv=None):
             print(" ".join(f"{k}={v}" for k, v in env.items()),
                   " ".join(build_command(args, env, hosts)))
             return 0
+        if args.max_restarts:
+            return run_restarting(args, env, hosts)
         watch = DeathWatch(*control_address(args, hosts), prefix_output=args.prefix_output)
         cmd = build_command(args, env, hosts, agent_address=watch.address)
     except UsageError as e:

@@ -4,13 +4,16 @@
 broadcast_256mb    rank 0 broadcasts 256 MB (run over a 100 Mbit/s link
                    with the default peer timeout: must complete)
 allreduce_forever  64 MB allreduces until the job is ended (the test cuts a
-                   link meanwhile)
+                   link meanwhile: the cut mostly lands in a data transfer)
+idle_forever       one allreduce, then nothing but the engine's idle
+                   negotiation until the job is ended (a cut lands there)
 job_identity N     allreduces through node shared memory, checking that
                    the sums are this job's (two jobs run at once)
 """
 
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -41,6 +44,12 @@ elif mode == "allreduce_forever":
         if step == 0:
             sys.stdout.write(f"STEPPING rank {rank}\n")
             sys.stdout.flush()
+elif mode == "idle_forever":
+    ddl.allreduce(tf.ones([4]), name="once")
+    sys.stdout.write(f"STEPPING rank {rank}\n")
+    sys.stdout.flush()
+    while True:
+        time.sleep(1)
 elif mode == "job_identity":
     job = int(sys.argv[2])
     for step in range(40):

@@ -1,6 +1,9 @@
 """Failure modes for tests/test_failures_mpi.py (argv[1] picks one):
 
 hang   rank 1 stops itself (SIGSTOP) mid-training: the others must name it
+vanish rank 1's program is replaced by `sleep` mid-training (exec): the
+       MPI launcher sees its process live on, the others must find the
+       rank gone (its probe port closed with it)
 kill   rank 1 is killed (SIGKILL) mid-training: the job must end non-zero
 exit   rank 1 calls os._exit(3) mid-training: likewise
 raise  rank 1 raises SystemExit mid-training: likewise
@@ -42,6 +45,9 @@ try:
             if rank == 1 and mode == "hang":
                 say("stopping")
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if rank == 1 and mode == "vanish":
+                say("vanishing")
+                os.execv("/bin/sleep", ["sleep", "120"])
             if rank == 1 and mode in ("kill", "exit", "raise"):
                 say(f"dies ({mode}) at {time.time():.3f}")
                 if mode == "kill":

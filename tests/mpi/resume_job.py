@@ -6,6 +6,8 @@ full       train EPOCHS epochs (restoring from BACKUP_DIR if it holds backups)
 kill       as full, but rank 1 kills itself (SIGKILL) mid-way through epoch 2
 killsave   as full, but rank 0 is killed while writing its first backup,
            after half of the weights file is on disk
+killonce   as kill, in the first attempt of ddlrun --max-restarts only
+           (DDLRUN_RESTART_COUNT=0): the restarted job trains to the end
 
 Every rank prints ``RESTORED epoch=E iterations=I`` after fit's restore and,
 at the end, ``FINAL digest=D iterations=I`` (D: SHA-256 of all weights and
@@ -66,7 +68,9 @@ class Faults(keras.callbacks.Callback):
             f"iterations={int(model.optimizer.iterations.numpy())}")
 
     def on_train_batch_begin(self, batch, logs=None):
-        if mode == "kill" and rank == 1 and self.epoch == 1 and batch == 2:
+        first_attempt = os.environ.get("DDLRUN_RESTART_COUNT") == "0"
+        if (mode == "kill" or mode == "killonce" and first_attempt) and rank == 1 and \
+                self.epoch == 1 and batch == 2:
             say(f"killed at {time.time():.3f}")
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -1,0 +1,68 @@
+// One diagnosis for every fault, whatever the phase it hits.
+//
+// When a collective makes no progress within DDL_PEER_TIMEOUT_S, or the
+// transport fails, the rank cannot tell from the collective alone whether
+// a peer died, was stopped, or sits behind a cut link: all three look like
+// silence, and which peer it was waiting for depends on where in the cycle
+// the fault landed. So every rank asks every other one directly, on a
+// channel that shares nothing with the transport: each process answers
+// probes on a TCP port of its own from a thread of its own (so a rank whose
+// engine hangs still answers), and at start-up the ranks learn each other's
+// host, pid and probe addresses. A probe then tells apart:
+//   answered                      alive (its collective is stuck behind another rank)
+//   refused, or no such pid       gone: the process died or was killed
+//   accepted but never answered,  stopped (SIGSTOP, a debugger) or frozen: the
+//     or stopped in /proc           host's kernel is there, the process is not
+//   no answer from the host       unreachable: dead, stopped, or the network is down
+// Peers on this rank's own host are read from /proc first.
+//
+// Plain C++17 and POSIX sockets: no MPI, no TensorFlow.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "../transport/control_plane.h"
+
+namespace ddl {
+
+enum class PeerState { kAlive, kStopped, kGone, kUnreachable };
+
+struct PeerIdentity {
+  int world_rank = -1;
+  std::string host;
+  int pid = 0;
+  int port = 0;  // of its probe responder; 0 if it has none
+  std::vector<std::string> addresses;  // its IPv4 addresses other than loopback
+};
+
+// Every rank of a group, as learnt at start-up.
+class PeerTable {
+ public:
+  // Collective over `group`: starts this process's probe responder (once
+  // per process) and exchanges identities with every rank of the group.
+  static PeerTable Exchange(ControlPlane& group);
+
+  const PeerIdentity* Find(int world_rank) const;
+  const PeerIdentity& Me() const { return peers_[me_]; }
+  // "rank 3 on node2".
+  std::string Name(int world_rank) const;
+  // The state of every other rank, probed at once; returns within about
+  // `patience_s` seconds.
+  std::vector<std::pair<int, PeerState>> ProbeAll(double patience_s) const;
+
+ private:
+  std::vector<PeerIdentity> peers_;  // by group rank
+  int me_ = 0;
+};
+
+// The one line every live rank prints before it ends its process: which
+// ranks it cannot reach, on which hosts, what is known of each, and in
+// which phase (`phase`: "negotiation", "a data transfer", "shutdown") the
+// fault hit. `what`: the transport's own account ("no progress for 5 s
+// waiting for ..."); `awaited`: world ranks it was waiting for, if known.
+std::string DescribeFault(const PeerTable& table, const std::string& phase,
+                          const std::string& what, const std::vector<int>& awaited,
+                          double patience_s);
+
+}  // namespace ddl
