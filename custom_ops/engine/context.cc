@@ -268,6 +268,7 @@ Status Context::Build(std::unique_ptr<Group> base) {
     }
     std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
     for (int64_t n : local_sizes) homogeneous &= (n == local_size);
+    peers = PeerTable::Exchange(*world);
     Status s = LearnRacks();
     if (!s.ok()) return s;
     return ChooseAllreduce();

@@ -10,6 +10,7 @@
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
 #include "../common/config.h"
+#include "fault_report.h"
 #include "timeline.h"
 #include "topology.h"
 #include "../common/types.h"
@@ -56,6 +57,15 @@ struct Context {
   // mapped after shutdown.
   std::shared_ptr<ShmPool> output_pool;
   std::unique_ptr<Timeline> timeline;  // rank 0 with DDL_TIMELINE set, else null
+  // Every rank's host, pid and probe address (fault_report.h), learnt
+  // while the context is built.
+  PeerTable peers;
+  // What a rank does once a peer is lost (Engine::OnPeerFailure): end its
+  // process, so that no posted message writes into freed memory and the
+  // launcher ends the job. The threads-as-ranks harness, whose ranks share
+  // one process, turns it off: the engine then fails every work with the
+  // report and stops.
+  bool end_process_on_peer_failure = true;
 
   // Collective over `world` (taken over): reads the configuration, agrees
   // on it with every rank and splits the world into node and cross groups.

@@ -78,7 +78,7 @@ bool Engine::PeerFailureSeen() { return peer_failure_seen.load(); }
 // rank probes every other rank (fault_report.h), prints the one diagnosis,
 // and ends its process; the launcher then ends the job, and ddlrun
 // --max-restarts can start it again from its last backup.
-void Engine::AbortOnPeerFailure(const std::exception& e, const char* phase) {
+void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   peer_failure_seen = true;
   std::vector<int> awaited;
   if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) awaited = timeout->unreachable();
@@ -97,7 +97,11 @@ void Engine::AbortOnPeerFailure(const std::exception& e, const char* phase) {
   // A probe answers within milliseconds; a host behind a cut link never
   // does, so the patience bounds how long the report takes.
   const double patience = std::min(3.0, std::max(1.0, ctx_->config.peer_timeout_s / 5));
-  const std::string report = DescribeFault(peers_, phase, e.what(), awaited, patience);
+  const std::string report = DescribeFault(ctx_->peers, phase, e.what(), awaited, patience);
+  if (!ctx_->end_process_on_peer_failure) {
+    FailAll(Status::Aborted(report + ctx_->Where()));
+    return;
+  }
   std::fprintf(stderr,
                "[keras_ddl] %skeras_ddl ends this process now (exit code %d) so that the job "
                "ends instead of hanging%s\n",
@@ -116,8 +120,7 @@ void Engine::AbortOnPeerFailure(const std::exception& e, const char* phase) {
 Engine::Engine(std::unique_ptr<Context> ctx)
     : ctx_(std::move(ctx)),
       controller_(*ctx_->world, ctx_->config),
-      executor_(*ctx_),
-      peers_(PeerTable::Exchange(*ctx_->world)) {
+      executor_(*ctx_) {
   thread_ = std::thread(&Engine::Loop, this);
 }
 
@@ -238,7 +241,8 @@ std::string Engine::RanksShuttingDown() {
   try {
     return controller_.RanksShuttingDown(shutdown_requested_);
   } catch (const TransportError& e) {
-    AbortOnPeerFailure(e, "the shutdown exchange");
+    OnPeerFailure(e, "the shutdown exchange");
+    return "a rank that was lost";
   }
 }
 
@@ -398,7 +402,8 @@ bool Engine::RunCycle() {
     outcome = controller_.Negotiate(shutdown_requested_);
   } catch (const TransportError& e) {
     // Its collective is still posted, into vectors that are gone now.
-    AbortOnPeerFailure(e, "negotiation");
+    OnPeerFailure(e, "negotiation");
+    return false;
   }
   // What runs is taken before the refused are finished: a done callback
   // may throw, and FailAll then reaches the taken works in runnable_.
@@ -430,7 +435,8 @@ bool Engine::RunCycle() {
   try {
     executor_.Run(runnable_, outcome.active);
   } catch (const std::exception& e) {
-    AbortOnPeerFailure(e, "a data transfer");
+    OnPeerFailure(e, "a data transfer");
+    return false;
   }
   const bool ran_any = !runnable_.empty();
   runnable_.clear();

@@ -23,7 +23,6 @@
 #include "../negotiation/controller.h"
 #include "executor.h"
 #include "../negotiation/message.h"
-#include "fault_report.h"
 #include "work.h"
 
 namespace ddl {
@@ -87,14 +86,15 @@ class Engine {
   void FailAll(const Status& status);
   // After a transport failure or timeout in `phase`: probes every rank,
   // prints the one diagnosis (fault_report.h), then ends the process.
-  [[noreturn]] void AbortOnPeerFailure(const std::exception& e, const char* phase);
+  // Returns only where the context keeps the process (the harness): every
+  // work has then failed with the report, and no cycle may run again.
+  void OnPeerFailure(const std::exception& e, const char* phase);
   // "rank(s) [..]" that asked for shutdown this cycle (a collective step).
   std::string RanksShuttingDown();
 
   std::unique_ptr<Context> ctx_;
   Controller controller_;
   Executor executor_;
-  PeerTable peers_;  // every rank's host, pid and probe address, learnt at start-up
 
   std::mutex mutex_;
   std::condition_variable wake_;

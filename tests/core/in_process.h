@@ -119,15 +119,25 @@ class InProcessGroup {
     std::unique_lock<std::mutex> lock(mutex_);
     const int64_t generation = generation_;
     contributions_[rank] = std::move(mine);
+    present_.resize(size_, false);
+    present_[rank] = true;
     if (++arrived_count_ == size_) {
       result_ = contributions_;
       arrived_count_ = 0;
+      present_.assign(size_, false);
       ++generation_;
       arrived_.notify_all();
     } else if (!arrived_.wait_for(lock, Patience(timeout_s),
                                   [&] { return generation_ != generation; })) {
       --arrived_count_;
-      if (timeout_s > 0) throw ddl::PeerTimeout("no progress in a group operation");
+      present_[rank] = false;
+      // As a transport knows whom its posted messages wait for: the ranks
+      // (job-wide) that never joined this operation.
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r) {
+        if (!present_[r] && r != rank) missing.push_back(world_ranks_[r]);
+      }
+      if (timeout_s > 0) throw ddl::PeerTimeout("no progress in a group operation", missing);
       throw TransportError("a group operation was not joined by every rank (deadlock?)");
     }
     return result_;
@@ -162,6 +172,7 @@ class InProcessGroup {
   std::map<std::pair<Stream, int64_t>, std::vector<char>> mail_;
   std::vector<std::vector<char>> contributions_, result_;
   int arrived_count_ = 0;
+  std::vector<bool> present_;  // ranks that joined the pending group operation
   int64_t generation_ = 0;
   std::vector<int> world_ranks_;  // of each rank of this group
   bool allow_short_receives_ = false;
