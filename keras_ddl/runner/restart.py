@@ -30,7 +30,7 @@ import threading
 import time
 
 from .agent import STDERR, TOKEN_VARIABLE, describe_status
-from .deathwatch import DeathWatch, Lines
+from .deathwatch import DeathWatch
 
 RESTART_VARIABLE = "DDLRUN_RESTART_COUNT"
 DIAGNOSIS_MARK = "[keras_ddl]"
@@ -46,6 +46,22 @@ Attempt = collections.namedtuple(
     "Attempt", "code started ended failure failed_at diagnosis stopped_by")
 
 
+class _WholeLines:
+    """Cuts one byte stream into whole lines: a line cut between two reads
+    waits for its end (at most 64 KB of it)."""
+
+    def __init__(self):
+        self.pending = b""
+
+    def feed(self, data):
+        self.pending += data
+        cut = self.pending.rfind(b"\n") + 1
+        if cut == 0 and len(self.pending) >= 65536:
+            cut = len(self.pending)
+        whole, self.pending = self.pending[:cut], self.pending[cut:]
+        return whole
+
+
 class DiagnosisWatch(DeathWatch):
     """A DeathWatch that also keeps, per rank, the last line a rank wrote
     to stderr that starts with ``[keras_ddl]`` (the engine's diagnosis of a
@@ -55,12 +71,12 @@ class DiagnosisWatch(DeathWatch):
         super().__init__(*args, **kwargs)
         self.diagnoses = {}  # rank -> its last keras_ddl line
         self.first_diagnosis = None  # (rank, line)
-        self._stderr_lines = {}  # id(agent) -> Lines
+        self._stderr_lines = {}  # id(agent) -> _WholeLines
 
     def _handle(self, agent, kind, payload):
         accepted = super()._handle(agent, kind, payload)
         if accepted and kind == STDERR and agent.hello is not None:
-            lines = self._stderr_lines.setdefault(id(agent), Lines())
+            lines = self._stderr_lines.setdefault(id(agent), _WholeLines())
             for line in lines.feed(payload).decode(errors="replace").splitlines():
                 self._note_line(agent.hello.get("rank"), line)
         return accepted
