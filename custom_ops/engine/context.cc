@@ -1,5 +1,7 @@
 #include "context.h"
 
+#include "../common/util.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,25 +25,6 @@ constexpr int kNodeSlots = 4;
 // (pieces of an eighth of a slice): larger chunks keep its fill and drain
 // a small part of each.
 constexpr size_t kRackChunkBytes = 4 * 1024 * 1024;
-
-std::string HostName() {
-  char name[256] = {0};
-  if (gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
-
-// "0-2, 5": ranks for a message, runs of consecutive ranks shortened.
-std::string RankRanges(const std::vector<int>& ranks) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
-    if (j > i) text += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return text;
-}
 
 // Root's view of every rank's shared settings (values separated by '\0',
 // in SharedSettings' order): "" when they agree, else one clause per
@@ -75,7 +58,7 @@ std::string DescribeDifferences(const std::vector<std::string>& names,
     std::string clause = names[s] + " differs between ranks: ";
     for (size_t g = 0; g < groups.size(); ++g) {
       clause += (g ? ", " : "") + std::string(groups[g].second.size() > 1 ? "ranks " : "rank ") +
-                RankRanges(groups[g].second) + ": " + groups[g].first;
+                RankRuns(groups[g].second) + ": " + groups[g].first;
     }
     problems += (problems.empty() ? "" : "; ") + clause;
   }

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../common/util.h"
 #include "../transport/transport.h"
 
 namespace ddl {
@@ -72,12 +73,6 @@ class Responder {
   int fd_ = -1;
   int port_ = 0;
 };
-
-std::string HostName() {
-  char name[256] = {0};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
-  return name;
-}
 
 std::vector<std::string> OwnAddresses() {
   std::vector<std::string> found;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../common/types.h"
+#include "../common/util.h"
 #include "../transport/control_plane.h"
 
 namespace ddl {
@@ -59,8 +60,5 @@ struct Topology {
 // what each saw.
 Status AgreeOnTopology(ControlPlane& world, const RackPlace& mine, int64_t node_id,
                        Topology* out);
-
-// "0-3, 6, 9-10": ranks, runs collapsed.
-std::string RankRuns(const std::vector<int>& ranks);
 
 }  // namespace ddl
