@@ -17,31 +17,16 @@
 #include "algorithms/ring.h"
 #include "check.h"
 #include "in_process.h"
+#include "reference.h"
 
 using namespace ddl;
 using ddl_test::Expect;
 using ddl_test::InProcessGroup;
 using ddl_test::InProcessRank;
+using ddl_test::Combine;
+using ddl_test::TypeOf;
 
 namespace {
-
-template <typename T>
-T Apply(ReduceOp op, T a, T b) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage: return a + b;
-    case ReduceOp::kMin: return b < a ? b : a;
-    case ReduceOp::kMax: return a < b ? b : a;
-    case ReduceOp::kProduct: return a * b;
-  }
-  return a;
-}
-
-template <typename T>
-DataType TypeOf();
-template <> DataType TypeOf<float>() { return DataType::kFloat32; }
-template <> DataType TypeOf<double>() { return DataType::kFloat64; }
-template <> DataType TypeOf<int32_t>() { return DataType::kInt32; }
 
 template <typename T>
 std::vector<std::vector<T>> Inputs(int n, int64_t count, std::mt19937& rng) {
@@ -58,7 +43,7 @@ template <typename T>
 std::vector<T> RankOrder(const std::vector<std::vector<T>>& in, ReduceOp op) {
   std::vector<T> out = in[0];
   for (size_t r = 1; r < in.size(); ++r) {
-    for (size_t i = 0; i < out.size(); ++i) out[i] = Apply(op, out[i], in[r][i]);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = Combine(op, out[i], in[r][i]);
   }
   if (op == ReduceOp::kAverage) {
     for (auto& x : out) x = x / static_cast<T>(in.size());

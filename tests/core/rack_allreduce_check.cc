@@ -17,28 +17,16 @@
 #include "algorithms/rack_allreduce.h"
 #include "check.h"
 #include "in_process.h"
+#include "reference.h"
 
 using namespace ddl;
 using ddl_test::Expect;
 using ddl_test::InProcessGroup;
 using ddl_test::InProcessRank;
+using ddl_test::Combine;
+using ddl_test::TypeOf;
 
 namespace {
-
-template <typename T>
-T Combine(ReduceOp op, T a, T b) {
-  switch (op) {
-    case ReduceOp::kMax: return a < b ? b : a;
-    case ReduceOp::kMin: return b < a ? b : a;
-    case ReduceOp::kProduct: return a * b;
-    default: return a + b;
-  }
-}
-
-template <typename T> DataType TypeOf();
-template <> DataType TypeOf<float>() { return DataType::kFloat32; }
-template <> DataType TypeOf<double>() { return DataType::kFloat64; }
-template <> DataType TypeOf<int32_t>() { return DataType::kInt32; }
 
 // in[rank], rank = rack * nodes + node.
 template <typename T>
