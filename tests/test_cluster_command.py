@@ -24,8 +24,9 @@ def test_bare_python_becomes_this_interpreter(command, expected):
 
 class FakeCluster:
     hosts = ["node0", "node1"]
+    nodes = 2
 
-    def __init__(self, nodes, rate, burst=None):
+    def __init__(self, nodes, rate, burst=None, racks=1, uplink=None):
         pass
 
     def __enter__(self):
@@ -39,6 +40,9 @@ class FakeCluster:
 
     def link_bytes(self):
         return [(0, 0), (0, 0)]
+
+    def uplink_bytes(self):
+        return []  # one rack: no uplinks
 
 
 def test_run_launches_ranks_with_this_interpreter(monkeypatch, capsys):
