@@ -46,6 +46,16 @@ class ClusterError(RuntimeError):
     pass
 
 
+def _byte_counters(device):
+    """(transmitted, received) bytes of a network device, from sysfs."""
+    base = f"/sys/class/net/{device}/statistics/"
+    with open(base + "tx_bytes") as f:
+        transmitted = int(f.read())
+    with open(base + "rx_bytes") as f:
+        received = int(f.read())
+    return transmitted, received
+
+
 def parse_rate(text):
     """'100mbit', '1gbit', '10gbit' -> bits per second (ClusterError if not)."""
     try:
@@ -301,29 +311,13 @@ class NetnsCluster:
 
     def link_bytes(self):
         """[(sent, received)] bytes of each node's link, as counted by the
-        bridge side of its veth."""
-        out = []
-        for veth in self.host_veths:
-            base = f"/sys/class/net/{veth}/statistics/"
-            with open(base + "rx_bytes") as f:
-                sent = int(f.read())
-            with open(base + "tx_bytes") as f:
-                received = int(f.read())
-            out.append((sent, received))
-        return out
+        bridge side of its veth (what it receives, the node sent)."""
+        return [tuple(reversed(_byte_counters(veth))) for veth in self.host_veths]
 
     def uplink_bytes(self):
         """[(out, in)] bytes of each rack's uplink: leaving the rack for the
         core, and arriving from it (counted on the uplink's rack side)."""
-        out = []
-        for rack_side, _ in self.uplinks:
-            base = f"/sys/class/net/{rack_side}/statistics/"
-            with open(base + "tx_bytes") as f:
-                leaving = int(f.read())
-            with open(base + "rx_bytes") as f:
-                arriving = int(f.read())
-            out.append((leaving, arriving))
-        return out
+        return [_byte_counters(rack_side) for rack_side, _ in self.uplinks]
 
     def topology_addr(self, node):
         """SLURM_TOPOLOGY_ADDR of node ``node`` (0-based), as Slurm's tree
