@@ -150,6 +150,51 @@ def view_cluster_allreduce(result, sizes=None):
     return lines
 
 
+def view_racks_allreduce(result, sizes=None):
+    """bench allreduce --cluster RxNxL --uplink: the rack-aware allreduce
+    (`auto`) against MPICH, the two-level path and the bound of the slowest
+    dimension."""
+    launch = result["launches"][0]
+    rows = _rows(result, "rows", sizes)
+    head = ["size", "bound (ms)", "MPICH (ms)", "keras_ddl auto (ms)", "two-level (ms)",
+            "auto: share of the bound", "auto over MPICH", "auto over two-level"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['key']} | {_ms(r['bound_us']['median'])} | "
+                     f"{_range(r['mpi_us'], _ms)} | {_range(r['auto_us'], _ms)} | "
+                     f"{_range(r['flat_us'], _ms)} | {_range(r['auto_of_bound'], pct)} | "
+                     f"{_range(r['auto/mpi'], _ratio)} | {_range(r['flat/auto'], _ratio)} |")
+    racks, nodes = launch.get("racks", 1), launch.get("nodes", 0)
+    lines += ["", f"{racks} racks x {nodes // max(racks, 1)} nodes x "
+                  f"{launch.get('ranks_per_node', '?')} rank(s) per node, network namespaces "
+                  f"on one machine: node links {launch.get('rate', '?')} and rack uplinks "
+                  f"{launch.get('uplink', '?')} each way; float32 sum. The bound is "
+                  "max(2(K-1)/K x size / node link, 2(R-1)/R x size / uplink) for K nodes in "
+                  "R racks; two-level is `DDL_ALLREDUCE=flat` (shared memory in a node, one "
+                  "flat step across all nodes).", "", _source(result)]
+    return lines
+
+
+def view_cluster_gradients(result):
+    """bench allreduce --cluster ... --with-resnet: the gradient list across
+    the cluster, against mpi4py in the same launch."""
+    launch = result["launches"][0]
+    rows = _rows(result, "gradients")
+    head = ["method", "time (ms)", "speed-up over MPI per tensor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append(f"| {r['key']} | {_range(r['time_us'], _ms)} | "
+                     f"{_range(r['vs_mpi'], _ratio)} |")
+    racks, nodes = launch.get("racks", 1), launch.get("nodes", 0)
+    lines += ["", f"The Keras 3 ResNet-50 gradient list ({rows[0].get('tensors', '?')}), float32 "
+                  f"sum, on {racks} racks x {nodes // max(racks, 1)} nodes x "
+                  f"{launch.get('ranks_per_node', '?')} rank(s): node links "
+                  f"{launch.get('rate', '?')}, uplinks {launch.get('uplink', '?')}; "
+                  "DDL_ALLREDUCE=auto.", "", _source(result)]
+    return lines
+
+
 def view_fit_scaling(result):
     """bench fit --scaling N: weak scaling on one host, with its control run."""
     rows = _rows(result, "scaling")
@@ -199,6 +244,10 @@ VIEWS = {
     "cluster_2x2_1gbit.allreduce": ("cluster_2x2_1gbit", view_cluster_allreduce, {}),
     "fit_scaling_2.scaling": ("fit_scaling_2", view_fit_scaling, {}),
     "fit_cluster_2x1_1gbit.fit": ("fit_cluster_2x1_1gbit", view_fit_cluster, {}),
+    "racks_2x4x1_4to1.allreduce": ("racks_2x4x1_4to1", view_racks_allreduce, {}),
+    "racks_2x4x1_1to1.allreduce": ("racks_2x4x1_1to1", view_racks_allreduce, {}),
+    "racks_2x8x1.allreduce": ("racks_2x8x1", view_racks_allreduce, {}),
+    "racks_2x8x1.gradients": ("racks_2x8x1", view_cluster_gradients, {}),
 }
 
 

@@ -77,3 +77,21 @@ def test_fit_cluster_tables_and_timeline(tmp_path):
         assert (tmp_path / f"fit.{t['overlap']}.{'none' if t['wire'] == 'fp32' else t['wire']}"
                            ".trace.json").exists()
     assert "where the allreduces ran" in proc.stdout
+
+
+def test_gradient_table_takes_each_ratio_within_its_launch():
+    from keras_ddl.bench.cluster import _gradient_table
+
+    def launch(ddl_us, mpi_us, wrong):
+        return [{"method": "grouped", "tensors": "2 tensors, 1.0 MB", "time_us": ddl_us,
+                 "vs_separate": mpi_us / ddl_us, "wrong": wrong},
+                {"method": "mpi per tensor", "tensors": "2 tensors, 1.0 MB", "time_us": mpi_us,
+                 "vs_separate": 1.0, "wrong": "-"}]
+
+    # A slow launch (both 10x slower) must not change the ratio: 2x, 4x, 3x.
+    table = _gradient_table([launch(10, 20, 0), launch(100, 400, 1), launch(20, 60, 0)], "auto")
+    assert [r["method"] for r in table] == ["grouped", "mpi per tensor"]
+    assert table[0]["time_us"] == 20 and table[0]["vs_mpi"] == 3.0
+    assert table[0]["wrong"] == 1 and table[0]["algorithm"] == "auto"
+    assert table[1]["vs_mpi"] == 1.0 and table[1]["wrong"] == "-"
+    assert _gradient_table([], "auto") == []

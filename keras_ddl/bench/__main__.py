@@ -35,6 +35,9 @@ def parse(argv):
                                          "auto,hierarchical,flat,racks (default: auto, "
                                          "hierarchical, flat; with racks auto, racks and the "
                                          "two-level path; the first also runs fp16)")
+    ar.add_argument("--with-resnet", action="store_true",
+                    help="with --cluster: the first algorithm's launches also time the ResNet-50 "
+                         "gradient list against mpi4py (a second table)")
     ar.add_argument("--rounds", type=int, default=1,
                     help="with --cluster: launches per algorithm (alternating); medians")
     mw = sub.add_parser("mwms", help="TensorFlow MultiWorkerMirroredStrategy all_reduce vs "

@@ -64,11 +64,17 @@ def default_algorithms(racks, per_node):
     return ("auto", "racks", "flat" if per_node == 1 else "hierarchical")
 
 
-def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path):
+def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path, gradients=False):
+    """One mpiexec launch of the single-host benchmark on the cluster; its
+    JSON payload (``allreduce`` rows, and ``resnet50_gradients`` when
+    ``gradients``)."""
     argv = [find_mpiexec(), *cluster.mpiexec_args(per_node), "-n", str(cluster.nodes * per_node),
             sys.executable, "-m", "keras_ddl.bench", "allreduce", "--sizes",
-            ",".join(map(str, sizes)), "--reps", str(args.reps), "--skip-resnet",
-            "--json", json_path]
+            ",".join(map(str, sizes)), "--reps", str(args.reps), "--json", json_path]
+    if not gradients:
+        argv.append("--skip-resnet")
+    elif getattr(args, "gradient_tensors", None):
+        argv += ["--gradient-tensors", str(args.gradient_tensors)]
     if fp16:
         argv.append("--with-fp16")
     env = dict(os.environ, **MPI_ENV, DDL_ALLREDUCE=algorithm, TF_CPP_MIN_LOG_LEVEL="2")
@@ -77,7 +83,7 @@ def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path):
         raise SystemExit(f"the {algorithm} launch failed (exit {proc.returncode}):\n"
                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     with open(json_path) as f:
-        return json.load(f)["allreduce"]
+        return json.load(f)
 
 
 def run(args, sizes, human_bytes):
@@ -90,15 +96,19 @@ def run(args, sizes, human_bytes):
     for a in algorithms:
         if a not in ALGORITHMS:
             raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
-    runs = {}
+    runs, gradient_runs = {}, []
     cluster = NetnsCluster(nodes // racks, args.rate, burst=args.burst, racks=racks,
                            uplink=uplink)
     with cluster, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for a in algorithms:
-                rows = _launch(cluster, per_node, a, args, sizes, fp16=(a == algorithms[0]),
-                               json_path=os.path.join(tmp, f"{a}.{rnd}.json"))
-                runs.setdefault(a, []).append(rows)
+                first = a == algorithms[0]
+                payload = _launch(cluster, per_node, a, args, sizes, fp16=first,
+                                  json_path=os.path.join(tmp, f"{a}.{rnd}.json"),
+                                  gradients=first and getattr(args, "with_resnet", False))
+                runs.setdefault(a, []).append(payload["allreduce"])
+                if "resnet50_gradients" in payload:
+                    gradient_runs.append(payload["resnet50_gradients"])
     table = []
     for i, nbytes in enumerate(sizes):
         bound = link_bound_s(nbytes, nodes, rate_bps, racks, uplink_bps)
@@ -142,13 +152,38 @@ def run(args, sizes, human_bytes):
              f"time / X time in the same launch; fp16 = {algorithms[0]} with "
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
     _print_rows(title, [{c: row.get(c, "-") for c in columns} for row in table])
+    gradients = _gradient_table(gradient_runs, algorithms[0])
+    if gradients:
+        _print_rows(f"the Keras 3 ResNet-50 gradient list ({gradients[0]['tensors']}), float32 "
+                    f"sum, DDL_ALLREDUCE={algorithms[0]}; median over {len(gradient_runs)} "
+                    "launch(es); vs_mpi = mpi4py per-tensor time / this time in the same launch",
+                    [{c: row[c] for c in ("method", "time_us", "vs_mpi", "wrong")}
+                     for row in gradients])
     if args.json:
         from keras_ddl_tools.results import write_json
         write_json(args.json, {"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
                                "racks": racks, "uplink": uplink,
-                               "burst_bytes": cluster.burst, "rows": table, "raw": runs})
+                               "burst_bytes": cluster.burst, "rows": table, "raw": runs,
+                               **({"gradients": gradients} if gradients else {})})
     if args.plot:
         _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)
+
+
+def _gradient_table(gradient_runs, algorithm):
+    """The gradient-list rows of each launch, as medians over the launches;
+    every ratio is taken within its own launch first."""
+    if not gradient_runs:
+        return []
+    table = []
+    for i, row in enumerate(gradient_runs[0]):
+        launches = [run[i] for run in gradient_runs]
+        wrong = [r["wrong"] for r in launches if r["wrong"] != "-"]
+        table.append({"method": row["method"], "tensors": row["tensors"],
+                      "algorithm": algorithm,
+                      "time_us": statistics.median(r["time_us"] for r in launches),
+                      "vs_mpi": statistics.median(r["vs_separate"] for r in launches),
+                      "wrong": sum(wrong) if wrong else "-"})
+    return table
 
 
 def _plot(path, table, sizes, algorithms, nodes, per_node, rate, human_bytes):
