@@ -324,7 +324,7 @@ def broadcast_variables_packs_by_dtype():
     import keras
     variables = [keras.Variable(np.full([3, 2], rank, np.float32)),
                  keras.Variable(np.full([5], rank, np.int32)),
-                 keras.Variable(np.float32(rank) * 2)]
+                 keras.Variable(np.float32(rank * 2))]  # float32 under numpy 1 and 2
     ddl.broadcast_variables(variables, root_rank=size - 1)
     assert_exact(variables[0].numpy(), np.full([3, 2], size - 1, np.float32), "float matrix")
     assert_exact(variables[1].numpy(), np.full([5], size - 1, np.int32), "int vector")
@@ -624,8 +624,25 @@ def results_are_aligned_and_survive_in_place_work_elsewhere():
             assert_exact(out.numpy(), reference(x, ddl.Sum, tf.float32), "after rank 0's add")
     outs = ddl.grouped_allreduce(xs, op=ddl.Sum)
     for n, out in zip(lengths, outs):
-        address = np.from_dlpack(out).ctypes.data
+        address = buffer_address(out)
         assert address % 64 == 0, f"result of length {n} at {address:#x}"
+
+
+def buffer_address(tensor):
+    """Where an eager CPU tensor's data lives, without copying it: through
+    DLPack (TensorFlow before 2.19 has no ``__dlpack__`` on its tensors, only
+    ``tf.experimental.dlpack.to_dlpack``)."""
+    if hasattr(tensor, "__dlpack__"):
+        return np.from_dlpack(tensor).ctypes.data
+
+    class Capsule:
+        def __dlpack__(self, stream=None, **kwargs):
+            return tf.experimental.dlpack.to_dlpack(tensor)
+
+        def __dlpack_device__(self):
+            return (1, 0)  # kDLCPU
+
+    return np.from_dlpack(Capsule()).ctypes.data
 
 
 @case
