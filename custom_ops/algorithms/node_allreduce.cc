@@ -122,7 +122,7 @@ void NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataTyp
   if (racks_) {
     // Pieces of an eighth of the slice keep the schedule's four stages
     // overlapped within this chunk.
-    const size_t piece = std::clamp<size_t>(wire_bytes / 8, 64 << 10, kRackPieceBytes);
+    const size_t piece = std::clamp<size_t>(wire_bytes / 8, 64 << 10, kRackMaxPieceBytes);
     RackGridAllreduce(grid_, sent, count, wire, cross_op, piece);
   } else {
     ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, sent, count, wire, cross_op);

@@ -158,6 +158,10 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
   if (op == ReduceOp::kAverage) DivideBy(buffer, count, dtype, n);
 }
 
+size_t RackPieceBytes(size_t call_bytes) {
+  return std::clamp<size_t>(call_bytes / 8, kRackPieceBytes, kRackMaxPieceBytes);
+}
+
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
                               ReduceOp op, size_t piece_bytes) {
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
@@ -165,7 +169,8 @@ const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count,
     RackOrderedExchange(*grid.all, grid.rack->size(), buffer, count, dtype, op);
     return "RACK_ORDERED_EXCHANGE";
   }
-  RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, piece_bytes);
+  RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op,
+                piece_bytes > 0 ? piece_bytes : RackPieceBytes(bytes));
   return "RACK_ALLREDUCE";
 }
 

@@ -144,5 +144,14 @@ int main() {
       }
     }
   }
+  // The piece size a call takes: an eighth of it, at least 1 MB and at
+  // most 8 MB (the bounds' reasons are in rack_allreduce.h).
+  ddl_test::Expect(ddl::RackPieceBytes(0) == ddl::kRackPieceBytes, "piece of an empty call is 1 MB");
+  ddl_test::Expect(ddl::RackPieceBytes(4 << 20) == ddl::kRackPieceBytes,
+                   "piece of a 4 MB call is the 1 MB floor");
+  ddl_test::Expect(ddl::RackPieceBytes(16 << 20) == (2 << 20), "piece of a 16 MB call is 2 MB");
+  ddl_test::Expect(ddl::RackPieceBytes(64 << 20) == (8 << 20), "piece of a 64 MB call is 8 MB");
+  ddl_test::Expect(ddl::RackPieceBytes(size_t(1) << 30) == ddl::kRackMaxPieceBytes,
+                   "piece of a 1 GB call is the 8 MB cap");
   return ddl_test::Summary();
 }
