@@ -134,11 +134,12 @@ def _nodes(n, local):
     return n // local, local
 
 
-def flat_ring(n, local, nbytes, intra, inter):
+def flat_ring(n, local, nbytes, intra, inter, uplink=None, nodes_per_rack=0):
     """One ring over all n ranks, ordered node by node. Each step every rank
     sends nbytes/n to its successor at once; the step ends when the slowest
     hop does. Across nodes each node has one outgoing ring hop, so its
-    network link carries one message per step."""
+    network link carries one message per step; with racks (``uplink``, racks
+    of ``nodes_per_rack`` nodes) each rack's uplink carries one too."""
     _check(n, nbytes)
     nodes, per_node = _nodes(n, local)
     if n == 1:
@@ -146,6 +147,10 @@ def flat_ring(n, local, nbytes, intra, inter):
     if nodes == 1:
         return ring_allreduce(n, nbytes, intra)
     step = max(intra.cost(nbytes / n), inter.cost(nbytes / n))
+    if uplink is not None and _rack_count(nodes, nodes_per_rack) > 1:
+        # ordered rack by rack, each rack has one outgoing ring hop: its
+        # uplink carries one message per step
+        step = max(step, uplink.cost(nbytes / n))
     return 2 * (n - 1) * step
 
 
@@ -198,35 +203,182 @@ CROSS_ALGORITHMS = {"ring": ring_allreduce, "halving_doubling": halving_doubling
                     "multi_ring": multi_ring_allreduce}
 
 
-def hierarchical(n, local, nbytes, intra, inter, cross="ring"):
+def _rack_count(nodes, nodes_per_rack):
+    """Racks of nodes_per_rack nodes (0: one switch, a single rack)."""
+    if not nodes_per_rack or nodes <= nodes_per_rack:
+        return 1
+    if nodes % nodes_per_rack:
+        raise ValueError(f"{nodes} nodes do not fill racks of {nodes_per_rack}")
+    return nodes // nodes_per_rack
+
+
+def pairwise_ring_cross(nodes, nbytes, inter, uplink=None, nodes_per_rack=0):
+    """keras_ddl's one-switch step across K nodes (``DDL_ALLREDUCE=flat``
+    with one rank per node, the cross step of ``hierarchical``): a pairwise
+    reduce-scatter (every node sends nbytes/K to each of the K-1 others in
+    one round) and a ring all-gather (K-1 steps of nbytes/K). ``nbytes`` is
+    what one node reduces (all its local ranks' shards together). With R
+    racks of N nodes, the reduce-scatter sends N(K-N)/K x nbytes through each
+    rack's uplink each way; the ring, ordered rack by rack, one message per
+    step."""
+    _check(nodes, nbytes)
+    if nodes == 1:
+        return 0.0
+    k = nodes
+    racks = _rack_count(k, nodes_per_rack) if uplink is not None else 1
+    rs = (k - 1) / k * nbytes / inter.bandwidth
+    ag_step = nbytes / k / inter.bandwidth
+    if racks > 1:
+        n_rack = k // racks
+        rs = max(rs, n_rack * (k - n_rack) / k * nbytes / uplink.bandwidth)
+        ag_step = max(ag_step, nbytes / k / uplink.bandwidth)
+    return (k - 1) * inter.alpha + rs + (k - 1) * (inter.alpha + ag_step)
+
+
+def ring_cross_racks(nodes, nbytes, inter, uplink=None, nodes_per_rack=0):
+    """A ring allreduce across K nodes of what one node reduces (nbytes),
+    ordered rack by rack: each step a node link and each rack's uplink carry
+    nbytes/K."""
+    _check(nodes, nbytes)
+    if nodes == 1:
+        return 0.0
+    racks = _rack_count(nodes, nodes_per_rack) if uplink is not None else 1
+    step = nbytes / nodes / inter.bandwidth
+    if racks > 1:
+        step = max(step, nbytes / nodes / uplink.bandwidth)
+    return 2 * (nodes - 1) * (inter.alpha + step)
+
+
+def hierarchical(n, local, nbytes, intra, inter, cross="ring", uplink=None, nodes_per_rack=0):
     """Intra-node reduce-scatter over the L ranks of a node, cross-node
     allreduce of each rank's nbytes/L shard among the ranks with the same
     local rank (L such allreduces run at once and share each node's link),
     intra-node all-gather. ``cross`` names the cross-node algorithm, a key
-    of CROSS_ALGORITHMS."""
+    of CROSS_ALGORITHMS, or ``pairwise`` (keras_ddl's own cross step,
+    ``pairwise_ring_cross``). With ``uplink`` (racks of ``nodes_per_rack``
+    nodes behind uplinks) only ``ring`` and ``pairwise`` are modelled: they
+    see the uplinks; the others would need their rank order across racks."""
     _check(n, nbytes)
     nodes, per_node = _nodes(n, local)
     if n == 1:
         return 0.0
     t = 2 * ring_reduce_scatter(per_node, nbytes, intra)
     if nodes > 1:
-        shard = nbytes / per_node
-        shared = Link(inter.alpha, inter.bandwidth / per_node)
+        racked = uplink is not None and _rack_count(nodes, nodes_per_rack) > 1
+        if cross == "pairwise":
+            return t + pairwise_ring_cross(nodes, nbytes, inter, uplink, nodes_per_rack)
+        if racked and cross == "ring":
+            return t + ring_cross_racks(nodes, nbytes, inter, uplink, nodes_per_rack)
         if cross not in CROSS_ALGORITHMS:
             raise ValueError(f"unknown cross-node algorithm {cross!r}")
+        if racked:
+            raise ValueError(f"cross-node algorithm {cross!r} is not modelled behind rack "
+                             "uplinks (use ring or pairwise)")
+        shard = nbytes / per_node
+        shared = Link(inter.alpha, inter.bandwidth / per_node)
         t += CROSS_ALGORITHMS[cross](nodes, shard, shared)
     return t
 
 
-def allreduce_time(algorithm, n, local, nbytes, intra, inter, cross="ring"):
-    """Seconds for one allreduce of nbytes on n ranks, local ranks per node."""
+@dataclass(frozen=True)
+class Racks:
+    """R racks of N nodes: each node's link carries ``node_rate`` bytes/s
+    each way, each rack's uplink ``uplink_rate``. The oversubscription is
+    what the rack's nodes could send at once over what its uplink carries,
+    ``N x node_rate / uplink_rate`` (4 means 4:1; 1 a non-blocking
+    network)."""
+    racks: int
+    nodes_per_rack: int
+    node_rate: float
+    uplink_rate: float
+
+    @property
+    def nodes(self):
+        return self.racks * self.nodes_per_rack
+
+    @property
+    def oversubscription(self):
+        return self.nodes_per_rack * self.node_rate / self.uplink_rate
+
+    def node_term(self, nbytes):
+        k = self.nodes
+        return 2 * (k - 1) / k * nbytes / self.node_rate
+
+    def uplink_term(self, nbytes):
+        r = self.racks
+        return 2 * (r - 1) / r * nbytes / self.uplink_rate
+
+    def bound(self, nbytes):
+        """max(2(K-1)/K x S/B_node, 2(R-1)/R x S/B_uplink): what the slowest
+        dimension needs when every level works at once (docs/topology.md)."""
+        return max(self.node_term(nbytes), self.uplink_term(nbytes))
+
+    @property
+    def stages(self):
+        """Rounds a piece goes through: A and D inside the rack, B and C
+        across racks (a dimension of one takes none)."""
+        return 2 * (self.nodes_per_rack > 1) + 2 * (self.racks > 1)
+
+
+RACK_PIECE = 1 << 20   # bytes of one piece of algorithms/rack_allreduce.cc
+
+
+def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE):
+    """The three-level (rack) allreduce's cross-node part on one grid of
+    ``racks``: P = ceil(nbytes / piece) pieces through ``racks.stages``
+    pipelined rounds; each of the P + stages - 1 steps lasts one message
+    latency ``alpha`` plus the slowest dimension's share of one piece,
+    bound / P. For large calls this is the bound; the extra stages - 1
+    steps are the fill and drain."""
+    if nbytes < 0:
+        raise ValueError(f"message size must be >= 0 bytes, got {nbytes}")
+    if racks.nodes == 1 or nbytes == 0:
+        return 0.0
+    pieces = max(1, math.ceil(nbytes / piece))
+    return (pieces + racks.stages - 1) * (alpha + racks.bound(nbytes) / pieces)
+
+
+def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=RACK_PIECE):
+    """Shared memory (or NVLink) inside the node: reduce-scatter over the L
+    local ranks; then each local rank's slice goes through the rack
+    allreduce with the same local rank of the other nodes (L grids side by
+    side, sharing each node's link and each rack's uplink, so the bound is
+    that of the node's whole nbytes); the node's all-gather. Inside-node and
+    cross-node parts add up: a node's chunk is not overlapped with the next
+    chunk's rack step (docs/topology.md, "Not done yet")."""
+    _check(n, nbytes)
+    nodes, per_node = _nodes(n, local)
+    if n == 1:
+        return 0.0
+    t = 2 * ring_reduce_scatter(per_node, nbytes, intra)
+    if nodes > 1:
+        r = _rack_count(nodes, nodes_per_rack) if uplink is not None else 1
+        grid = Racks(r, nodes // r, inter.bandwidth,
+                     uplink.bandwidth if uplink is not None else math.inf)
+        # one grid per local rank, each on its nbytes/L slice, in pieces of
+        # `piece`; the L grids share the links, so each step moves L pieces
+        pieces = max(1, math.ceil(nbytes / per_node / piece))
+        t += rack_allreduce(grid, nbytes, inter.alpha, piece=nbytes / pieces)
+    return t
+
+
+def allreduce_time(algorithm, n, local, nbytes, intra, inter, cross="ring", uplink=None,
+                   nodes_per_rack=0):
+    """Seconds for one allreduce of nbytes on n ranks, local ranks per node;
+    ``uplink`` and ``nodes_per_rack`` describe racks (None / 0: one switch)."""
     if algorithm == "ring":
-        return flat_ring(n, local, nbytes, intra, inter)
+        return flat_ring(n, local, nbytes, intra, inter, uplink, nodes_per_rack)
     if algorithm == "halving_doubling":
+        if uplink is not None and _rack_count(max(1, n // local), nodes_per_rack) > 1:
+            raise ValueError("halving_doubling is not modelled behind rack uplinks")
         return flat_halving_doubling(n, local, nbytes, intra, inter)
     if algorithm == "hierarchical":
-        return hierarchical(n, local, nbytes, intra, inter, cross=cross)
-    raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+        return hierarchical(n, local, nbytes, intra, inter, cross=cross, uplink=uplink,
+                            nodes_per_rack=nodes_per_rack)
+    if algorithm == "racks":
+        return three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack)
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose from "
+                     f"{', '.join(ALGORITHMS + ('racks',))}")
 
 
 # ---------------------------------------------------------------------------
@@ -363,10 +515,19 @@ class System:
     backward_fraction: float = 2 / 3
     overlap_fraction: float = OVERLAP_FRACTION
     sources: tuple = ()
+    staging_back: Link = None   # host->device copy when it differs from ``staging`` (device->host)
+    uplink: Link = None         # each rack's uplink (None: one switch, no racks)
+    nodes_per_rack: int = 0
+    steps: tuple = ()           # ((model name, measured seconds per step), ...) overriding
+                                # the MAC scaling of resnet50_step
 
     def step_compute(self, work):
-        """Per-GPU compute time of one step: the ResNet-50 figure scaled by
-        forward MACs (same batch per GPU, same efficiency per MAC)."""
+        """Per-GPU compute time of one step: a measured step for this model
+        if ``steps`` has one, else the ResNet-50 figure scaled by forward
+        MACs (same batch per GPU, same efficiency per MAC)."""
+        measured = dict(self.steps)
+        if work.name in measured:
+            return measured[work.name]
         return self.resnet50_step * work.macs / RESNET50_MACS
 
     def with_(self, **changes):
@@ -499,12 +660,13 @@ def call_time(system, algorithm, n, nbytes):
     nodes = max(1, n // system.gpus_per_node)
     t = system.call_overhead
     t += allreduce_time(algorithm, n, system.gpus_per_node, nbytes, system.intra,
-                        system.inter, cross=system.cross)
+                        system.inter, cross=system.cross, uplink=system.uplink,
+                        nodes_per_rack=system.nodes_per_rack)
     if system.negotiation:
         link = system.inter if nodes > 1 else system.intra
         t += 2 * math.ceil(math.log2(n)) * link.alpha
     if system.staging is not None and (nodes > 1 or system.staging_in_node):
-        t += 2 * system.staging.cost(nbytes)
+        t += system.staging.cost(nbytes) + (system.staging_back or system.staging).cost(nbytes)
     return t
 
 
