@@ -1075,6 +1075,536 @@ def plot(path, system, work, gpus, rows, published_rows, systems):
 
 
 # ---------------------------------------------------------------------------
+# The seeds' scale: measured H200 anchors, refit on the test cluster,
+# PowerAI DDL's cluster and an H200 cluster, flat / two-level / three-level
+# ---------------------------------------------------------------------------
+
+ANCHORS_PATH = "/work/shared/anchors/gpu-h200.md"
+
+# The figures of the anchors file (measured 2026-12-04 on one H200); a test
+# parses the file and checks these, so they cannot drift from it.
+H200_ANCHORS = {
+    # (model, batch per GPU) -> median step in ms
+    "step_ms": {("resnet50", 256): 41.0, ("resnet50", 32): 15.1,
+                ("resnet101-22k", 256): 67.7, ("resnet101-22k", 32): 31.0},
+    "gradient_bytes": {"resnet50": 102.3e6, "resnet101-22k": 349.2e6},
+    # bytes -> ms for (device->host pageable, host->device pageable,
+    #                  device->host pinned, host->device pinned)
+    "staging_ms": {1e6: (0.14, 0.12, 0.044, 0.043), 16e6: (1.44, 1.53, 0.33, 0.34),
+                   102e6: (8.2, 13.1, 1.98, 1.96), 349e6: (27.0, 43.4, 6.8, 6.6)},
+    # ranks -> (ms for 102 MB, ms for 349 MB): the CPU shared-memory allreduce probe
+    "shm_allreduce_ms": {2: (60.0, 97.0), 4: (39.0, 122.0), 8: (45.0, 157.0),
+                         16: (57.0, 225.0)},
+}
+
+_MODEL_NAMES = {"ResNet-50": "resnet50", "ResNet-101": "resnet101-22k"}
+
+
+def _md_rows(text, first_header):
+    """The body rows (lists of cells) of the Markdown table whose header
+    line starts with ``| first_header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.replace(" ", "").startswith(first_header.replace(" ", "")))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _first_number(cell):
+    import re
+    return float(re.match(r"\s*([\d.]+)", cell).group(1))
+
+
+def parse_anchors(text):
+    """The figures of the anchors file, in the shape of H200_ANCHORS."""
+    out = {"step_ms": {}, "gradient_bytes": {}, "staging_ms": {}, "shm_allreduce_ms": {}}
+    for cells in _md_rows(text, "| model | classes"):
+        model = _MODEL_NAMES[cells[0]]
+        out["step_ms"][(model, int(cells[2]))] = _first_number(cells[3])
+        out["gradient_bytes"][model] = _first_number(cells[6]) * 1e6
+    for cells in _md_rows(text, "| bytes | device->host"):
+        out["staging_ms"][_first_number(cells[0]) * 1e6] = tuple(
+            _first_number(c) for c in cells[1:5])
+    for cells in _md_rows(text, "| ranks |"):
+        out["shm_allreduce_ms"][int(cells[0])] = tuple(_first_number(c) for c in cells[1:3])
+    return out
+
+
+def _two_point_link(t_small, t_large, b_small, b_large):
+    """alpha + bytes/bandwidth through two measured (bytes, seconds) points;
+    a negative alpha (noise) is taken as 0."""
+    bandwidth = (b_large - b_small) / (t_large - t_small)
+    return Link(alpha=max(0.0, t_small - b_small / bandwidth), bandwidth=bandwidth)
+
+
+def h200_staging(kind, anchors=H200_ANCHORS):
+    """(device->host, host->device) Links from the anchors' 1 MB and 349 MB
+    copies; ``kind`` is 'pageable' or 'pinned'."""
+    col = {"pageable": 0, "pinned": 2}[kind]
+    table = anchors["staging_ms"]
+    small, large = min(table), max(table)
+    return tuple(_two_point_link(table[small][col + i] * MS, table[large][col + i] * MS,
+                                 small, large) for i in (0, 1))
+
+
+def h200_shm_link(ranks=8, anchors=H200_ANCHORS):
+    """The CPU shared-memory allreduce of the anchors' probe at ``ranks``
+    ranks as the model's intra-node link: the bandwidth for which the
+    ring's 2(L-1)/L x S per rank fits both measured sizes (least squares
+    through the origin; 1 us latency assumed)."""
+    t102, t349 = (t * MS for t in anchors["shm_allreduce_ms"][ranks])
+    sizes = (anchors["gradient_bytes"]["resnet50"], anchors["gradient_bytes"]["resnet101-22k"])
+    moved = [2 * (ranks - 1) / ranks * s for s in sizes]
+    times = (t102, t349)
+    per_byte = sum(m * t for m, t in zip(moved, times)) / sum(m * m for m in moved)
+    return Link(alpha=1 * US, bandwidth=1 / per_byte)
+
+
+# --- refit on the test cluster ----------------------------------------------
+
+REFIT_PATTERNS = ("cluster_*.json", "racks_*.json")
+OBSERVATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "docs", "model_data", "cluster_observations.json")
+RESULTS_DIR = os.path.join(os.path.dirname(OBSERVATIONS), os.pardir, "results")
+# Sizes the refit takes: up to 16 KB (below the test cluster's 256 KB token
+# bucket the link is not the limit, so the time is the per-call cost) and
+# from 1 MB (the link is); in between the bucket lets part of a call through
+# at once and neither term describes it.
+REFIT_SMALL_BYTES = 16 << 10
+REFIT_MIN_BYTES = 1 << 20
+
+
+def _refit_size(nbytes):
+    return nbytes <= REFIT_SMALL_BYTES or nbytes >= REFIT_MIN_BYTES
+
+
+def _fit_bound(obs):
+    """The links' share of an observation in the refit: none for the small
+    calls the token bucket passes at once, observation_bound otherwise."""
+    return 0.0 if obs["size"] <= REFIT_SMALL_BYTES else observation_bound(obs)
+
+
+def _parse_shape(shape):
+    """'KxL' -> (K nodes, L per node, 1 rack); 'RxNxL' -> (R*N, L, R)."""
+    parts = [int(p) for p in shape.lower().split("x")]
+    if len(parts) == 2:
+        return parts[0], parts[1], 1
+    return parts[0] * parts[1], parts[2], parts[0]
+
+
+def observation_bound(obs):
+    """The model's time for one observation's call with the links at their
+    full rate and no latency or overhead: the algorithm's bytes over the
+    links, fill and drain of the rack pipeline included."""
+    nodes, per_node, racks = _parse_shape(obs["shape"])
+    node = Link(0.0, parse_rate(obs["rate"]) / 8)
+    uplink = Link(0.0, parse_rate(obs["uplink"]) / 8) if obs.get("uplink") else None
+    npr = nodes // racks if racks > 1 else 0
+    if obs["path"] == "racks":
+        return three_level(nodes, 1, obs["size"], node, node, uplink, npr)
+    if obs["path"] == "two_level":
+        return pairwise_ring_cross(nodes, obs["size"], node, uplink, npr)
+    raise ValueError(f"unknown path {obs['path']!r} (two_level or racks)")
+
+
+def _size_bytes(key):
+    from .rates import parse_size
+    return parse_size(key.replace("B", "b"), "size")
+
+
+def observations_from_results(directory):
+    """Observations from every docs/results file named cluster_*.json or
+    racks_*.json (``bench allreduce --cluster`` through
+    ``keras_ddl_tools.results``): each size from 1 MB up, the first
+    algorithm's median (auto) and, with racks, the two-level path's
+    (``flat``); sizes as REFIT_SMALL_BYTES / REFIT_MIN_BYTES say."""
+    import glob
+    out = []
+    for pattern in REFIT_PATTERNS:
+        for path in sorted(glob.glob(os.path.join(directory, pattern))):
+            with open(path) as f:
+                data = json.load(f)
+            launch = data["launches"][0]
+            racks = int(launch.get("racks", 1) or 1)
+            nodes, per_node = int(launch["nodes"]), int(launch["ranks_per_node"])
+            shape = (f"{racks}x{nodes // racks}x{per_node}" if racks > 1
+                     else f"{nodes}x{per_node}")
+            if per_node != 1:
+                continue   # the fit models one rank per node (no shared-memory stage)
+            for row in data["tables"]["rows"]:
+                size = _size_bytes(row["key"])
+                if not _refit_size(size):
+                    continue
+                paths = [("auto_us", "racks" if racks > 1 else "two_level"),
+                         ("flat_us", "two_level")]
+                for column, path_name in paths:
+                    if column not in row or (column == "flat_us" and racks == 1):
+                        continue
+                    out.append({"shape": shape, "rate": launch["rate"],
+                                "uplink": launch.get("uplink") if racks > 1 else None,
+                                "path": path_name, "size": size,
+                                "time_s": row[column]["median"] / 1e6,
+                                "launches": len(data["launches"]),
+                                "source": f"docs/results/{os.path.basename(path)}, "
+                                          f"{column[:-3]}"})
+    return out
+
+
+def load_observations(paths=None, results_dir=None):
+    """(observations, where they came from): the results files matching
+    REFIT_PATTERNS if any, else docs/model_data/cluster_observations.json;
+    ``paths``: explicit JSON files of either kind."""
+    if paths:
+        obs = []
+        for path in paths:
+            with open(path) as f:
+                data = json.load(f)
+            if "observations" in data:
+                obs += data["observations"]
+            else:
+                tmp = os.path.dirname(os.path.abspath(path))
+                obs += [o for o in observations_from_results(tmp)
+                        if os.path.basename(path) in o["source"]]
+        return obs, ", ".join(paths)
+    results_dir = results_dir or RESULTS_DIR
+    obs = observations_from_results(results_dir)
+    if obs:
+        return obs, f"docs/results/{{{','.join(REFIT_PATTERNS)}}}"
+    with open(OBSERVATIONS) as f:
+        return json.load(f)["observations"], "docs/model_data/cluster_observations.json"
+
+
+@dataclass(frozen=True)
+class Refit:
+    link_efficiency: float    # fraction of the link rates the algorithms reach
+    call_overhead: float      # s per call on top of the links' time
+    residuals: tuple          # (measured / fitted - 1) per observation
+    observations: tuple
+    source: str
+
+    @property
+    def spread(self):
+        """The largest |measured / fitted - 1|."""
+        return max(abs(r) for r in self.residuals)
+
+    @property
+    def rms(self):
+        return math.sqrt(sum(r * r for r in self.residuals) / len(self.residuals))
+
+
+def refit(observations, source="given"):
+    """Least squares of ``time = call_overhead + bound / link_efficiency``
+    over the observations, each weighted by 1/time (relative errors), with
+    ``bound`` the model's time at full link rate (observation_bound);
+    call_overhead is kept >= 0."""
+    obs = [o for o in observations if _refit_size(o["size"])]
+    if len(obs) < 2:
+        raise ValueError(f"the refit needs at least 2 observations (up to 16 KB or from "
+                         f"1 MB), got {len(obs)}")
+    xs = [_fit_bound(o) for o in obs]
+    ts = [o["time_s"] for o in obs]
+    ws = [1 / t for t in ts]
+    # weighted normal equations for t = c + b*x
+    s11 = sum(w * w for w in ws)
+    s12 = sum(w * w * x for w, x in zip(ws, xs))
+    s22 = sum(w * w * x * x for w, x in zip(ws, xs))
+    r1 = sum(w * w * t for w, t in zip(ws, ts))
+    r2 = sum(w * w * x * t for w, x, t in zip(ws, xs, ts))
+    det = s11 * s22 - s12 * s12
+    if det <= 0:
+        raise ValueError("the observations do not determine both parameters (one size only?)")
+    c = (r1 * s22 - s12 * r2) / det
+    b = (s11 * r2 - s12 * r1) / det
+    if c < 0:   # no negative overhead: the best fit with c = 0
+        c, b = 0.0, r2 / s22
+    if b <= 0:
+        raise ValueError(f"fitted time per bound second {b:.3g} <= 0")
+    residuals = tuple(t / (c + b * x) - 1 for x, t in zip(xs, ts))
+    return Refit(1 / b, c, residuals, tuple(obs), source)
+
+
+def refit_rows(fit):
+    rows = []
+    for o, r in zip(fit.observations, fit.residuals):
+        bound = _fit_bound(o)
+        rows.append({"shape": o["shape"], "rates": o["rate"] + ("/" + o["uplink"]
+                                                               if o.get("uplink") else ""),
+                     "path": o["path"], "size_MB": o["size"] / 2**20,
+                     "measured_ms": o["time_s"] / MS, "bound_ms": bound / MS,
+                     "fitted_ms": (fit.call_overhead + bound / fit.link_efficiency) / MS,
+                     "residual": f"{100 * r:+.1f}%", "launches": o.get("launches", "?")})
+    return rows
+
+
+# --- systems at the seeds' scale ----------------------------------------------
+
+@dataclass(frozen=True)
+class SeedSetup:
+    """The knobs of one seeds' prediction."""
+    seeds: str = "p100"            # p100: 64 servers x 4 P100; h200: 32 servers x 8 H200
+    node_rate: float = None        # bits/s each way per server (default 100 Gb/s / 400 Gb/s)
+    nodes_per_rack: int = None     # default 16 (P100) / 8 (H200)
+    uplink_ratio: float = 4.0      # oversubscription: nodes_per_rack x node rate / uplink rate
+    batch: int = None              # per GPU: 32 (P100) / 256 (H200)
+    link_efficiency: float = 0.9
+    call_overhead: float = None    # s per call for CPU data plane systems (None: refit's / 50 us)
+    gpu_call_overhead: float = 50 * US
+
+    @property
+    def servers(self):
+        return 64 if self.seeds == "p100" else 32
+
+    @property
+    def gpus_per_server(self):
+        return 4 if self.seeds == "p100" else 8
+
+    def rate(self):
+        return self.node_rate or (100e9 if self.seeds == "p100" else 400e9)
+
+    def rack_nodes(self):
+        return self.nodes_per_rack or (16 if self.seeds == "p100" else 8)
+
+    def per_gpu_batch(self):
+        return self.batch or (32 if self.seeds == "p100" else 256)
+
+
+SEED_SYSTEMS = {"p100": ("p100_gpu", "p100_cpu"),
+                "h200": ("h200_gpu", "h200_pinned", "h200_pageable")}
+SEED_MODELS = {"p100": ("resnet50",), "h200": ("resnet50", "resnet101-22k")}
+# (label, algorithm, cross): flat = one ring over every GPU; two-level =
+# NVLink / shared memory in the server and keras_ddl's pairwise step
+# across servers (or a ring); three-level = the rack allreduce
+SEED_ALGORITHMS = (("flat ring", "ring", "ring"),
+                   ("two-level, pairwise", "hierarchical", "pairwise"),
+                   ("two-level, ring", "hierarchical", "ring"),
+                   ("three-level (racks)", "racks", "pairwise"))
+
+
+def seed_system(name, setup, node_rate=None, uplink_rate=None):
+    """One of the SEED_SYSTEMS as a System, its network at ``node_rate``
+    bits/s per server (default the setup's) and rack uplinks at
+    ``uplink_rate`` (default nodes_per_rack x node rate / uplink_ratio),
+    both times the link efficiency."""
+    rate = node_rate or setup.rate()
+    npr = setup.rack_nodes()
+    uplink_rate = uplink_rate or npr * rate / setup.uplink_ratio
+    eff = setup.link_efficiency
+    inter = Link(alpha=3 * US, bandwidth=rate / 8 * eff)
+    uplink = Link(alpha=3 * US, bandwidth=uplink_rate / 8 * eff)
+    cpu_overhead = setup.call_overhead if setup.call_overhead is not None else 50 * US
+    batch = setup.per_gpu_batch()
+    common = dict(inter=inter, uplink=uplink, nodes_per_rack=npr, algorithm="racks",
+                  cross="pairwise", fusion="cycle", fusion_bytes=128 * 2**20, cycle=1 * MS,
+                  negotiation=True, batch_per_gpu=batch)
+    if name.startswith("p100"):
+        common.update(gpus_per_node=4, resnet50_step=P100_RESNET50_STEP * batch / 32)
+        if name == "p100_gpu":
+            return System(name=name, description="64 x 4 P100 (PowerAI DDL's servers), GPU "
+                          "data plane: NVLink in the server, EDR-class InfiniBand across",
+                          intra=Link(alpha=5 * US, bandwidth=20 * GB),
+                          call_overhead=setup.gpu_call_overhead, **common)
+        return System(name=name, description="64 x 4 P100, keras_ddl's CPU data plane: "
+                      "gradients staged to POWER8 memory over NVLink, shared memory in the "
+                      "server", intra=SYSTEMS["keras_ddl"].intra,
+                      staging=Link(alpha=10 * US, bandwidth=32 * GB), staging_in_node=True,
+                      call_overhead=cpu_overhead, **common)
+    steps = tuple((m, H200_ANCHORS["step_ms"][(m, batch)] * MS) for m in SEED_MODELS["h200"]
+                  if (m, batch) in H200_ANCHORS["step_ms"])
+    if not steps:
+        raise ValueError(f"the H200 anchors have batch 32 and 256 per GPU, not {batch}")
+    common.update(gpus_per_node=8, resnet50_step=dict(steps)["resnet50"], steps=steps)
+    if name == "h200_gpu":
+        return System(name=name, description="32 x 8 H200, GPU data plane: NVLink in the "
+                      "server (assumed 360 GB/s per direction), network across",
+                      intra=Link(alpha=5 * US, bandwidth=360 * GB),
+                      call_overhead=setup.gpu_call_overhead, **common)
+    d2h, h2d = h200_staging(name.split("_")[1])
+    return System(name=name, description=f"32 x 8 H200, keras_ddl's CPU data plane: "
+                  f"{name.split('_')[1]} staging (anchors), shared memory in the server "
+                  "(anchors' 8-rank probe)", intra=h200_shm_link(8), staging=d2h,
+                  staging_back=h2d, staging_in_node=True, call_overhead=cpu_overhead, **common)
+
+
+def seed_efficiency(system, work, gpus, algorithm, cross, against="server"):
+    """Efficiency at ``gpus``; ``against`` 'server': relative to one server
+    (as PowerAI and Goyal et al. report), 'gpu': absolute."""
+    s = system.with_(cross=cross)
+    at = simulate_step(s, work, gpus, algorithm).efficiency
+    if against == "gpu":
+        return at
+    return at / simulate_step(s, work, system.gpus_per_node, algorithm).efficiency
+
+
+def solve_rate(efficiency_at, target, lo=1e8, hi=1e14, rel_tol=1e-3):
+    """The lowest rate (bits/s, bisection on a log scale) at which
+    ``efficiency_at(rate) >= target``, assuming efficiency does not fall as
+    the rate rises; None when even ``hi`` does not reach it, ``lo`` when
+    ``lo`` already does."""
+    if efficiency_at(hi) < target:
+        return None
+    if efficiency_at(lo) >= target:
+        return lo
+    while hi / lo > 1 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        if efficiency_at(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _systems_algorithms(seeds):
+    """(system name, label, algorithm, cross) rows of a seeds table: every
+    algorithm on the GPU data plane, the one keras_ddl picks with racks on
+    the CPU data plane."""
+    rows = []
+    for name in SEED_SYSTEMS[seeds]:
+        algos = SEED_ALGORITHMS if name.endswith("_gpu") else (SEED_ALGORITHMS[-1],)
+        rows += [(name, label, a, c) for label, a, c in algos]
+    return rows
+
+
+def seeds_table(setup):
+    """Efficiency of each system and algorithm at the seeds' scale, at 1:1
+    and at the setup's oversubscription."""
+    gpus = setup.servers * setup.gpus_per_server
+    rows = []
+    for model in SEED_MODELS[setup.seeds]:
+        work = workload(model)
+        for name, label, algorithm, cross in _systems_algorithms(setup.seeds):
+            one = seed_system(name, dataclasses.replace(setup, uplink_ratio=1.0))
+            over = seed_system(name, setup)
+            t = one.step_compute(work)
+            rows.append({
+                "model": model, "system": name, "algorithm": label,
+                "step_ms": t / MS,
+                "one_server": seed_efficiency(one, work, one.gpus_per_node, algorithm, cross,
+                                              "gpu"),
+                "rel_1to1": seed_efficiency(one, work, gpus, algorithm, cross),
+                f"rel_{setup.uplink_ratio:g}to1": seed_efficiency(over, work, gpus, algorithm,
+                                                                  cross),
+                "abs_1to1": seed_efficiency(one, work, gpus, algorithm, cross, "gpu")})
+    return rows
+
+
+def seeds_rates(setup, target=0.9, against="server"):
+    """Per system and algorithm: the server link rate reaching ``target`` at
+    1:1 and at the setup's oversubscription (uplinks scale with it), and
+    the uplink rate reaching it with the servers at the setup's rate."""
+    gpus = setup.servers * setup.gpus_per_server
+    rows = []
+    npr = setup.rack_nodes()
+    for model in SEED_MODELS[setup.seeds]:
+        work = workload(model)
+        for name, label, algorithm, cross in _systems_algorithms(setup.seeds):
+            def at_ratio(ratio):
+                s = dataclasses.replace(setup, uplink_ratio=ratio)
+                return lambda r: seed_efficiency(seed_system(name, s, node_rate=r), work, gpus,
+                                                 algorithm, cross, against)
+            uplink = solve_rate(lambda u: seed_efficiency(
+                seed_system(name, setup, uplink_rate=u), work, gpus, algorithm, cross,
+                against), target)
+            rows.append({"model": model, "system": name, "algorithm": label,
+                         "server_1to1": solve_rate(at_ratio(1.0), target),
+                         f"server_{setup.uplink_ratio:g}to1": solve_rate(
+                             at_ratio(setup.uplink_ratio), target),
+                         "uplink": uplink,
+                         "uplink_ratio": (None if uplink is None
+                                          else npr * setup.rate() / uplink)})
+    return rows
+
+
+def _gbit(rate):
+    if rate is None:
+        return "not reached"
+    if rate <= 1e8:
+        return "<= 0.1"
+    return f"{rate / 1e9:.3g}"
+
+
+def seeds_markdown(setup, target=0.9, against="server"):
+    """The seeds' tables as Markdown (what docs/scaling_model.md shows)."""
+    ratio = f"{setup.uplink_ratio:g}:1"
+    pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
+    out = [f"| model | system | algorithm | step (ms) | one server | {setup.servers} x "
+           f"{setup.gpus_per_server}, 1:1 | {setup.servers} x {setup.gpus_per_server}, "
+           f"{ratio} |", "|---|---|---|---|---|---|---|"]
+    for r in seeds_table(setup):
+        out.append(f"| {r['model']} | {r['system']} | {r['algorithm']} | {r['step_ms']:.1f} | "
+                   f"{pct(r['one_server'])} | {pct(r['rel_1to1'])} | "
+                   f"{pct(r[f'rel_{setup.uplink_ratio:g}to1'])} |")
+    basis = "relative to one server" if against == "server" else "absolute (against one GPU)"
+    out += ["", f"Link rate for {100 * target:g}% ({basis}), Gbit/s each way:", "",
+            f"| model | system | algorithm | per server, 1:1 | per server, {ratio} | "
+            f"uplink with servers at {setup.rate() / 1e9:g} | = oversubscription |",
+            "|---|---|---|---|---|---|---|"]
+    for r in seeds_rates(setup, target, against):
+        ov = "-" if r["uplink_ratio"] is None else f"{r['uplink_ratio']:.3g}:1"
+        out.append(f"| {r['model']} | {r['system']} | {r['algorithm']} | "
+                   f"{_gbit(r['server_1to1'])} | "
+                   f"{_gbit(r[f'server_{setup.uplink_ratio:g}to1'])} | {_gbit(r['uplink'])} | "
+                   f"{ov} |")
+    return "\n".join(out)
+
+
+def seeds_plot(path, setups, target=0.9):
+    """Efficiency relative to one server against the per-server link rate,
+    one panel per setup (P100, H200), solid at 1:1 and dashed at the setup's
+    oversubscription; the target and PowerAI DDL's published 95% marked."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.warn("matplotlib is not installed: no plot written (pip install matplotlib)")
+        return False
+    fig, axes = plt.subplots(1, len(setups), figsize=(6.2 * len(setups), 4.8))
+    axes = list(axes) if len(setups) > 1 else [axes]
+    rates = [10 ** (8.5 + 0.125 * i) for i in range(33)]   # 0.3 Gbit/s ... 3.2 Tbit/s
+    for ax, setup in zip(axes, setups):
+        gpus = setup.servers * setup.gpus_per_server
+        for model in SEED_MODELS[setup.seeds]:
+            work = workload(model)
+            for name, label, algorithm, cross in _systems_algorithms(setup.seeds):
+                if name.endswith("_gpu") and label.startswith("two-level, ring"):
+                    continue
+                for ratio, style in ((1.0, "-"), (setup.uplink_ratio, "--")):
+                    s = dataclasses.replace(setup, uplink_ratio=ratio)
+                    ys = [100 * seed_efficiency(seed_system(name, s, node_rate=r), work, gpus,
+                                                algorithm, cross) for r in rates]
+                    kw = {"label": f"{model}, {name}, {label}"} if ratio == 1.0 else {}
+                    line = ax.plot([r / 1e9 for r in rates], ys, style, **kw)
+                    if ratio == 1.0:
+                        color = line[0].get_color()
+                    else:
+                        line[0].set_color(color)
+        ax.axhline(100 * target, color="grey", lw=0.8)
+        ax.axvline(setup.rate() / 1e9, color="grey", lw=0.8, ls=":")
+        if setup.seeds == "p100":
+            ax.scatter([100], [95], marker="*", s=180, color="gold", edgecolor="black",
+                       zorder=3, label="PowerAI DDL 2017, published 95%")
+        ax.set_xscale("log")
+        ax.set_xlabel("link rate per server, Gbit/s each way")
+        ax.set_ylabel("efficiency relative to one server (%)")
+        ax.set_ylim(0, 101)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f"{setup.servers} servers x {setup.gpus_per_server} "
+                     f"{setup.seeds.upper()}, racks of {setup.rack_nodes()}: solid 1:1, "
+                     f"dashed {setup.uplink_ratio:g}:1", fontsize=9)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle("scaling model at the seeds' scale (python -m keras_ddl.bench model "
+                 "--seeds-plot)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
 
