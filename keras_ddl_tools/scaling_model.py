@@ -313,11 +313,13 @@ class Racks:
         dimension needs when every level works at once (docs/topology.md)."""
         return max(self.node_term(nbytes), self.uplink_term(nbytes))
 
-    @property
-    def stages(self):
-        """Rounds a piece goes through: A and D inside the rack, B and C
-        across racks (a dimension of one takes none)."""
-        return 2 * (self.nodes_per_rack > 1) + 2 * (self.racks > 1)
+    def stage_links(self):
+        """The rounds a piece goes through, in order, each named by the
+        link it loads: A and D the node links (inside the rack), B and C
+        the uplinks (across racks); a dimension of one takes none."""
+        node = ["node"] if self.nodes_per_rack > 1 else []
+        up = ["uplink", "uplink"] if self.racks > 1 else []
+        return node + up + node
 
 
 RACK_PIECE = 1 << 20   # bytes of one piece of algorithms/rack_allreduce.cc
@@ -325,17 +327,32 @@ RACK_PIECE = 1 << 20   # bytes of one piece of algorithms/rack_allreduce.cc
 
 def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE):
     """The three-level (rack) allreduce's cross-node part on one grid of
-    ``racks``: P = ceil(nbytes / piece) pieces through ``racks.stages``
-    pipelined rounds; each of the P + stages - 1 steps lasts one message
-    latency ``alpha`` plus the slowest dimension's share of one piece,
-    bound / P. For large calls this is the bound; the extra stages - 1
-    steps are the fill and drain."""
+    ``racks``: P = ceil(nbytes / piece) pieces enter the pipeline one step
+    apart and each goes through ``racks.stage_links()`` one round per step.
+    A step lasts one message latency ``alpha`` plus its most loaded link's
+    time: each round of a node-link stage moves node_term / (2P) over the
+    node links, each uplink stage uplink_term / (2P) over the uplinks, and
+    the rounds active in the same step share their link. In the steady
+    state (both node stages and both uplink stages busy) a step lasts
+    bound / P, so a large call takes about the bound; the P + stages - 1
+    steps include the fill and drain."""
     if nbytes < 0:
         raise ValueError(f"message size must be >= 0 bytes, got {nbytes}")
     if racks.nodes == 1 or nbytes == 0:
         return 0.0
     pieces = max(1, math.ceil(nbytes / piece))
-    return (pieces + racks.stages - 1) * (alpha + racks.bound(nbytes) / pieces)
+    share = {"node": racks.node_term(nbytes) / (2 * pieces)}
+    if racks.racks > 1:
+        share["uplink"] = racks.uplink_term(nbytes) / (2 * pieces)
+    stages = racks.stage_links()
+    t = 0.0
+    for step in range(pieces + len(stages) - 1):
+        load = {"node": 0.0, "uplink": 0.0}
+        for offset, link in enumerate(stages):
+            if 0 <= step - offset < pieces:
+                load[link] += share[link]
+        t += alpha + max(load.values())
+    return t
 
 
 def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=RACK_PIECE):
@@ -1629,6 +1646,36 @@ def add_arguments(parser):
                                            "efficiency of a 'bench fit --cluster 2 --json' file")
     parser.add_argument("--link-rate", default="1gbit",
                         help="with --fit-json: the link rate of that run (default 1gbit)")
+    seeds = parser.add_argument_group(
+        "the seeds' scale (issue #27 item 6): 64 servers x 4 P100 or 32 servers x 8 H200, "
+        "flat / two-level / three-level, refitted on the test cluster")
+    seeds.add_argument("--seeds", choices=sorted(SEED_SYSTEMS),
+                       help="instead: print the refit and the seeds' tables (Markdown)")
+    seeds.add_argument("--seeds-plot", metavar="PATH",
+                       help="instead: plot efficiency against link rate for both seeds (PNG)")
+    seeds.add_argument("--refit", nargs="*", metavar="JSON",
+                       help="print the fit of link efficiency and per-call overhead: to the "
+                            "given files, or (no file) to docs/results/{cluster,racks}_*.json, "
+                            "falling back to docs/model_data/cluster_observations.json")
+    seeds.add_argument("--node-rate", help="per-server link rate each way (tc units: 100gbit; "
+                                           "default 100gbit for p100, 400gbit for h200)")
+    seeds.add_argument("--nodes-per-rack", type=int,
+                       help="servers per rack (default 16 for p100, 8 for h200)")
+    seeds.add_argument("--uplink-ratio", type=float, default=4.0,
+                       help="oversubscription = servers per rack x server rate / uplink rate "
+                            "(default 4, i.e. 4:1; the tables also show 1:1)")
+    seeds.add_argument("--batch", type=int,
+                       help="per-GPU batch (p100: 32, scaled linearly otherwise; h200: 32 or "
+                            "256, the anchors' rows; default 32 / 256)")
+    seeds.add_argument("--solve-rate", type=float, default=0.9, metavar="TARGET",
+                       help="efficiency the rate tables solve for (default 0.9)")
+    seeds.add_argument("--solve-against", choices=("server", "gpu"), default="server",
+                       help="the target is relative to one server (default) or absolute")
+    seeds.add_argument("--link-efficiency", type=float,
+                       help="fraction of the link rates reached (default: the refit's)")
+    seeds.add_argument("--call-overhead", type=float, metavar="US",
+                       help="per-call overhead of the CPU data plane in us (default: the "
+                            "refit's); the GPU data plane keeps 50 us")
 
 
 def _launcher_rank():
@@ -1648,8 +1695,76 @@ def _parse_gpus(text):
     return gpus
 
 
+def seed_setups(args, fit):
+    """The P100 and H200 SeedSetups from the command line and the refit."""
+    if args.uplink_ratio is not None and args.uplink_ratio <= 0:
+        raise SystemExit("--uplink-ratio must be > 0")
+    if args.nodes_per_rack is not None and args.nodes_per_rack < 1:
+        raise SystemExit("--nodes-per-rack must be >= 1")
+    if args.link_efficiency is not None and not 0 < args.link_efficiency <= 1:
+        raise SystemExit("--link-efficiency must be in (0, 1]")
+    try:
+        rate = parse_rate(args.node_rate) if args.node_rate else None
+    except ValueError as e:
+        raise SystemExit(f"--node-rate: {e}")
+    common = dict(
+        node_rate=rate, nodes_per_rack=args.nodes_per_rack, uplink_ratio=args.uplink_ratio,
+        batch=args.batch,
+        link_efficiency=(args.link_efficiency if args.link_efficiency is not None
+                         else fit.link_efficiency),
+        call_overhead=(args.call_overhead * US if args.call_overhead is not None
+                       else fit.call_overhead))
+    setups = {k: SeedSetup(seeds=k, **common) for k in SEED_SYSTEMS}
+    for k, setup in setups.items():
+        servers = setup.servers
+        if servers % setup.rack_nodes():
+            raise SystemExit(f"--nodes-per-rack {setup.rack_nodes()} does not divide the "
+                             f"{servers} servers of {k}")
+        if k == "h200" and (args.batch or 256) not in (32, 256):
+            if args.seeds == "h200" or args.seeds_plot:
+                raise SystemExit("--batch: the H200 anchors have 32 and 256 per GPU")
+    return setups
+
+
+def seeds_main(args, out):
+    try:
+        obs, source = load_observations(args.refit or None)
+        fit = refit(obs, source)
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--refit: {e}")
+    rows = refit_rows(fit)
+    print(format_table(
+        f"refit on {source}: link efficiency {fit.link_efficiency:.3f}, per-call overhead "
+        f"{fit.call_overhead / US:.0f} us; residuals within +-{100 * fit.spread:.0f}% "
+        f"(rms {100 * fit.rms:.0f}%)", list(rows[0]), rows), file=out, flush=True)
+    result = {"refit": {"link_efficiency": fit.link_efficiency,
+                        "call_overhead_s": fit.call_overhead, "spread": fit.spread,
+                        "rms": fit.rms, "source": source, "rows": rows}}
+    if not (args.seeds or args.seeds_plot):
+        return result
+    setups = seed_setups(args, fit)
+    if args.seeds:
+        setup = setups[args.seeds]
+        print(f"\n# {setup.servers} servers x {setup.gpus_per_server} "
+              f"{args.seeds.upper()}, racks of {setup.rack_nodes()} servers, "
+              f"{setup.rate() / 1e9:g} Gbit/s per server, link efficiency "
+              f"{setup.link_efficiency:.3f}, CPU-plane call overhead "
+              f"{(setup.call_overhead or 0) / US:.0f} us, batch {setup.per_gpu_batch()}/GPU; "
+              "efficiency in %\n", file=out)
+        print(seeds_markdown(setup, args.solve_rate, args.solve_against), file=out, flush=True)
+        result["seeds"] = {"table": seeds_table(setup),
+                           "rates": seeds_rates(setup, args.solve_rate, args.solve_against)}
+    if args.seeds_plot:
+        if seeds_plot(args.seeds_plot, [setups["p100"], setups["h200"]], args.solve_rate):
+            print(f"# plot written to {args.seeds_plot}", file=out)
+    return result
+
+
 def main(args, out=None):
     out = out or sys.stdout
+    if (getattr(args, "seeds", None) or getattr(args, "seeds_plot", None)
+            or getattr(args, "refit", None) is not None):
+        return seeds_main(args, out)
     if getattr(args, "fit_json", None):
         try:
             rate = parse_rate(args.link_rate)
