@@ -1504,7 +1504,9 @@ def seeds_table(setup):
                 "rel_1to1": seed_efficiency(one, work, gpus, algorithm, cross),
                 f"rel_{setup.uplink_ratio:g}to1": seed_efficiency(over, work, gpus, algorithm,
                                                                   cross),
-                "abs_1to1": seed_efficiency(one, work, gpus, algorithm, cross, "gpu")})
+                "abs_1to1": seed_efficiency(one, work, gpus, algorithm, cross, "gpu"),
+                f"abs_{setup.uplink_ratio:g}to1": seed_efficiency(over, work, gpus, algorithm,
+                                                                  cross, "gpu")})
     return rows
 
 
@@ -1525,8 +1527,13 @@ def seeds_rates(setup, target=0.9, against="server"):
             uplink = solve_rate(lambda u: seed_efficiency(
                 seed_system(name, setup, uplink_rate=u), work, gpus, algorithm, cross,
                 against), target)
+            def absolute(r):
+                s = seed_system(name, setup, node_rate=r)
+                return seed_efficiency(s, work, gpus, algorithm, cross, "gpu")
             rows.append({"model": model, "system": name, "algorithm": label,
                          "server_1to1": solve_rate(at_ratio(1.0), target),
+                         f"server_{setup.uplink_ratio:g}to1_absolute": solve_rate(absolute,
+                                                                                  target),
                          f"server_{setup.uplink_ratio:g}to1": solve_rate(
                              at_ratio(setup.uplink_ratio), target),
                          "uplink": uplink,
@@ -1547,31 +1554,56 @@ def seeds_markdown(setup, target=0.9, against="server"):
     """The seeds' tables as Markdown (what docs/scaling_model.md shows)."""
     ratio = f"{setup.uplink_ratio:g}:1"
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
-    out = [f"| model | system | algorithm | step (ms) | one server | {setup.servers} x "
-           f"{setup.gpus_per_server}, 1:1 | {setup.servers} x {setup.gpus_per_server}, "
-           f"{ratio} |", "|---|---|---|---|---|---|---|"]
+    size = f"{setup.servers} x {setup.gpus_per_server}"
+    out = [f"| model | system | algorithm | step (ms) | one server (absolute) | {size}, 1:1 | "
+           f"{size}, {ratio} | {size}, {ratio}, absolute |", "|---|---|---|---|---|---|---|---|"]
     for r in seeds_table(setup):
         out.append(f"| {r['model']} | {r['system']} | {r['algorithm']} | {r['step_ms']:.1f} | "
                    f"{pct(r['one_server'])} | {pct(r['rel_1to1'])} | "
-                   f"{pct(r[f'rel_{setup.uplink_ratio:g}to1'])} |")
+                   f"{pct(r[f'rel_{setup.uplink_ratio:g}to1'])} | "
+                   f"{pct(r[f'abs_{setup.uplink_ratio:g}to1'])} |")
+    if setup.seeds == "p100":
+        (ddl,) = [r for r in compare_published() if r["system"] == "powerai_ddl2017"
+                  and r["model"] == "resnet50"]
+        out += ["", f"PowerAI DDL 2017 on the same cluster (ResNet-50, 256 GPUs against one "
+                    f"server): published {pct(ddl['published'])}%; its own system in this "
+                    f"model (`powerai_ddl2017`: multi-ring across 64 servers, a call per "
+                    f"layer, staging through POWER8 memory, no racks) {pct(ddl['predicted'])}%."]
     basis = "relative to one server" if against == "server" else "absolute (against one GPU)"
-    out += ["", f"Link rate for {100 * target:g}% ({basis}), Gbit/s each way:", "",
+    out += ["", f"Link rate for {100 * target:g}% ({basis}; last column absolute), Gbit/s "
+                "each way:", "",
             f"| model | system | algorithm | per server, 1:1 | per server, {ratio} | "
-            f"uplink with servers at {setup.rate() / 1e9:g} | = oversubscription |",
-            "|---|---|---|---|---|---|---|"]
+            f"uplink with servers at {setup.rate() / 1e9:g} | = oversubscription | "
+            f"per server, {ratio}, absolute |", "|---|---|---|---|---|---|---|---|"]
     for r in seeds_rates(setup, target, against):
         ov = "-" if r["uplink_ratio"] is None else f"{r['uplink_ratio']:.3g}:1"
         out.append(f"| {r['model']} | {r['system']} | {r['algorithm']} | "
                    f"{_gbit(r['server_1to1'])} | "
                    f"{_gbit(r[f'server_{setup.uplink_ratio:g}to1'])} | {_gbit(r['uplink'])} | "
-                   f"{ov} |")
+                   f"{ov} | {_gbit(r[f'server_{setup.uplink_ratio:g}to1_absolute'])} |")
     return "\n".join(out)
 
 
+SEEDS_BLOCK = r"(<!-- seeds:(?P<seeds>\w+) -->\n)(?P<body>.*?)(<!-- /seeds:(?P=seeds) -->)"
+
+
+def render_seeds_blocks(text, setups, target=0.9, against="server"):
+    """``text`` with every ``<!-- seeds:p100 -->`` ... ``<!-- /seeds:p100 -->``
+    block (p100 or h200) replaced by seeds_markdown of that setup."""
+    import re
+
+    def body(match):
+        return (match.group(1) + seeds_markdown(setups[match.group("seeds")], target, against)
+                + "\n" + match.group(4))
+    return re.sub(SEEDS_BLOCK, body, text, flags=re.S)
+
+
 def seeds_plot(path, setups, target=0.9):
-    """Efficiency relative to one server against the per-server link rate,
-    one panel per setup (P100, H200), solid at 1:1 and dashed at the setup's
-    oversubscription; the target and PowerAI DDL's published 95% marked."""
+    """Efficiency against the per-server link rate, one panel per setup,
+    solid at 1:1 and dashed at the setup's oversubscription: P100 relative
+    to one server (PowerAI DDL's published 95% marked), H200 absolute
+    (against one GPU without communication), so the CPU data plane's loss
+    inside a server shows. ResNet-101/22k thin, ResNet-50 thick."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -1579,41 +1611,42 @@ def seeds_plot(path, setups, target=0.9):
     except ImportError:
         warnings.warn("matplotlib is not installed: no plot written (pip install matplotlib)")
         return False
-    fig, axes = plt.subplots(1, len(setups), figsize=(6.2 * len(setups), 4.8))
+    fig, axes = plt.subplots(1, len(setups), figsize=(6.4 * len(setups), 5.0))
     axes = list(axes) if len(setups) > 1 else [axes]
     rates = [10 ** (8.5 + 0.125 * i) for i in range(33)]   # 0.3 Gbit/s ... 3.2 Tbit/s
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, setup in zip(axes, setups):
         gpus = setup.servers * setup.gpus_per_server
+        against = "server" if setup.seeds == "p100" else "gpu"
+        combos = [c for c in _systems_algorithms(setup.seeds) if c[1] != "two-level, ring"]
         for model in SEED_MODELS[setup.seeds]:
             work = workload(model)
-            for name, label, algorithm, cross in _systems_algorithms(setup.seeds):
-                if name.endswith("_gpu") and label.startswith("two-level, ring"):
-                    continue
+            thick = model == "resnet50"
+            for i, (name, label, algorithm, cross) in enumerate(combos):
+                color = palette[i % len(palette)]
                 for ratio, style in ((1.0, "-"), (setup.uplink_ratio, "--")):
                     s = dataclasses.replace(setup, uplink_ratio=ratio)
                     ys = [100 * seed_efficiency(seed_system(name, s, node_rate=r), work, gpus,
-                                                algorithm, cross) for r in rates]
+                                                algorithm, cross, against) for r in rates]
                     kw = {"label": f"{model}, {name}, {label}"} if ratio == 1.0 else {}
-                    line = ax.plot([r / 1e9 for r in rates], ys, style, **kw)
-                    if ratio == 1.0:
-                        color = line[0].get_color()
-                    else:
-                        line[0].set_color(color)
+                    ax.plot([r / 1e9 for r in rates], ys, style, color=color,
+                            lw=2.0 if thick else 0.9, **kw)
         ax.axhline(100 * target, color="grey", lw=0.8)
         ax.axvline(setup.rate() / 1e9, color="grey", lw=0.8, ls=":")
         if setup.seeds == "p100":
             ax.scatter([100], [95], marker="*", s=180, color="gold", edgecolor="black",
-                       zorder=3, label="PowerAI DDL 2017, published 95%")
+                       zorder=3, label="PowerAI DDL 2017, published 95% (EDR, 100 Gbit/s)")
         ax.set_xscale("log")
         ax.set_xlabel("link rate per server, Gbit/s each way")
-        ax.set_ylabel("efficiency relative to one server (%)")
+        ax.set_ylabel("efficiency relative to one server (%)" if against == "server"
+                      else "efficiency against one GPU alone (%)")
         ax.set_ylim(0, 101)
         ax.grid(True, alpha=0.3)
         ax.set_title(f"{setup.servers} servers x {setup.gpus_per_server} "
                      f"{setup.seeds.upper()}, racks of {setup.rack_nodes()}: solid 1:1, "
                      f"dashed {setup.uplink_ratio:g}:1", fontsize=9)
-        ax.legend(fontsize=6, loc="lower right")
-    fig.suptitle("scaling model at the seeds' scale (python -m keras_ddl.bench model "
+        ax.legend(fontsize=6, loc="upper left")
+    fig.suptitle("scaling model at the seeds' scale (python -m keras_ddl_tools.scaling_model "
                  "--seeds-plot)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -1673,6 +1706,9 @@ def add_arguments(parser):
                        help="the target is relative to one server (default) or absolute")
     seeds.add_argument("--link-efficiency", type=float,
                        help="fraction of the link rates reached (default: the refit's)")
+    seeds.add_argument("--update-doc", metavar="MARKDOWN",
+                       help="with --seeds: rewrite the <!-- seeds:p100 --> / <!-- seeds:h200 "
+                            "--> blocks of this file from the same settings")
     seeds.add_argument("--call-overhead", type=float, metavar="US",
                        help="per-call overhead of the CPU data plane in us (default: the "
                             "refit's); the GPU data plane keeps 50 us")
@@ -1754,6 +1790,14 @@ def seeds_main(args, out):
         print(seeds_markdown(setup, args.solve_rate, args.solve_against), file=out, flush=True)
         result["seeds"] = {"table": seeds_table(setup),
                            "rates": seeds_rates(setup, args.solve_rate, args.solve_against)}
+    if getattr(args, "update_doc", None):
+        with open(args.update_doc) as f:
+            text = f.read()
+        new = render_seeds_blocks(text, setups, args.solve_rate, args.solve_against)
+        with open(args.update_doc, "w") as f:
+            f.write(new)
+        print(f"# {args.update_doc}: seeds blocks "
+              f"{'rewritten' if new != text else 'already up to date'}", file=out)
     if args.seeds_plot:
         if seeds_plot(args.seeds_plot, [setups["p100"], setups["h200"]], args.solve_rate):
             print(f"# plot written to {args.seeds_plot}", file=out)
@@ -1876,3 +1920,13 @@ def main(args, out=None):
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2, default=str)
     return {"predictions": rows, "published": published, "calibration": measured}
+
+
+if __name__ == "__main__":
+    import argparse
+    _parser = argparse.ArgumentParser(
+        prog="python -m keras_ddl_tools.scaling_model",
+        description="alpha-beta scaling model (the same as python -m keras_ddl.bench model, "
+                    "without importing keras_ddl)")
+    add_arguments(_parser)
+    main(_parser.parse_args())
