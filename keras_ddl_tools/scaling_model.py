@@ -1324,6 +1324,8 @@ def refit(observations, source="given"):
                          f"1 MB), got {len(obs)}")
     xs = [_fit_bound(o) for o in obs]
     ts = [o["time_s"] for o in obs]
+    if min(ts) <= 0:
+        raise ValueError("every observed time must be positive")
     ws = [1 / t for t in ts]
     # weighted normal equations for t = c + b*x
     s11 = sum(w * w for w in ws)
