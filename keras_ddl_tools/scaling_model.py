@@ -1233,41 +1233,43 @@ def _size_bytes(key):
     return parse_size(key.replace("B", "b"), "size")
 
 
-def observations_from_results(directory):
+def observations_from_results(directory, files=None):
     """Observations from every docs/results file named cluster_*.json or
-    racks_*.json (``bench allreduce --cluster`` through
-    ``keras_ddl_tools.results``): each size from 1 MB up, the first
+    racks_*.json in ``directory`` (or from ``files``), results of ``bench
+    allreduce --cluster`` through ``keras_ddl_tools.results``: the first
     algorithm's median (auto) and, with racks, the two-level path's
     (``flat``); sizes as REFIT_SMALL_BYTES / REFIT_MIN_BYTES say."""
     import glob
     out = []
-    for pattern in REFIT_PATTERNS:
-        for path in sorted(glob.glob(os.path.join(directory, pattern))):
-            with open(path) as f:
-                data = json.load(f)
-            launch = data["launches"][0]
-            racks = int(launch.get("racks", 1) or 1)
-            nodes, per_node = int(launch["nodes"]), int(launch["ranks_per_node"])
-            shape = (f"{racks}x{nodes // racks}x{per_node}" if racks > 1
-                     else f"{nodes}x{per_node}")
-            if per_node != 1:
-                continue   # the fit models one rank per node (no shared-memory stage)
-            for row in data["tables"]["rows"]:
-                size = _size_bytes(row["key"])
-                if not _refit_size(size):
+    paths = list(files) if files is not None else [
+        p for pattern in REFIT_PATTERNS for p in sorted(glob.glob(os.path.join(directory,
+                                                                               pattern)))]
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        launch = data["launches"][0]
+        racks = int(launch.get("racks", 1) or 1)
+        nodes, per_node = int(launch["nodes"]), int(launch["ranks_per_node"])
+        shape = (f"{racks}x{nodes // racks}x{per_node}" if racks > 1
+                 else f"{nodes}x{per_node}")
+        if per_node != 1:
+            continue   # the fit models one rank per node (no shared-memory stage)
+        for row in data["tables"]["rows"]:
+            size = _size_bytes(row["key"])
+            if not _refit_size(size):
+                continue
+            columns = [("auto_us", "racks" if racks > 1 else "two_level"),
+                       ("flat_us", "two_level")]
+            for column, path_name in columns:
+                if column not in row or (column == "flat_us" and racks == 1):
                     continue
-                paths = [("auto_us", "racks" if racks > 1 else "two_level"),
-                         ("flat_us", "two_level")]
-                for column, path_name in paths:
-                    if column not in row or (column == "flat_us" and racks == 1):
-                        continue
-                    out.append({"shape": shape, "rate": launch["rate"],
-                                "uplink": launch.get("uplink") if racks > 1 else None,
-                                "path": path_name, "size": size,
-                                "time_s": row[column]["median"] / 1e6,
-                                "launches": len(data["launches"]),
-                                "source": f"docs/results/{os.path.basename(path)}, "
-                                          f"{column[:-3]}"})
+                out.append({"shape": shape, "rate": launch["rate"],
+                            "uplink": launch.get("uplink") if racks > 1 else None,
+                            "path": path_name, "size": size,
+                            "time_s": row[column]["median"] / 1e6,
+                            "launches": len(data["launches"]),
+                            "source": f"docs/results/{os.path.basename(path)}, "
+                                      f"{column[:-3]}"})
     return out
 
 
@@ -1283,9 +1285,7 @@ def load_observations(paths=None, results_dir=None):
             if "observations" in data:
                 obs += data["observations"]
             else:
-                tmp = os.path.dirname(os.path.abspath(path))
-                obs += [o for o in observations_from_results(tmp)
-                        if os.path.basename(path) in o["source"]]
+                obs += observations_from_results(None, [path])
         return obs, ", ".join(paths)
     results_dir = results_dir or RESULTS_DIR
     obs = observations_from_results(results_dir)
@@ -1372,6 +1372,7 @@ class SeedSetup:
     link_efficiency: float = 0.9
     call_overhead: float = None    # s per call for CPU data plane systems (None: refit's / 50 us)
     gpu_call_overhead: float = 50 * US
+    overlap_fraction: float = OVERLAP_FRACTION
 
     @property
     def servers(self):
@@ -1418,7 +1419,8 @@ def seed_system(name, setup, node_rate=None, uplink_rate=None):
     batch = setup.per_gpu_batch()
     common = dict(inter=inter, uplink=uplink, nodes_per_rack=npr, algorithm="racks",
                   cross="pairwise", fusion="cycle", fusion_bytes=128 * 2**20, cycle=1 * MS,
-                  negotiation=True, batch_per_gpu=batch)
+                  negotiation=True, batch_per_gpu=batch,
+                  overlap_fraction=setup.overlap_fraction)
     if name.startswith("p100"):
         common.update(gpus_per_node=4, resnet50_step=P100_RESNET50_STEP * batch / 32)
         if name == "p100_gpu":
@@ -1751,7 +1753,11 @@ def seed_setups(args, fit):
         link_efficiency=(args.link_efficiency if args.link_efficiency is not None
                          else fit.link_efficiency),
         call_overhead=(args.call_overhead * US if args.call_overhead is not None
-                       else fit.call_overhead))
+                       else fit.call_overhead),
+        overlap_fraction=(args.overlap if getattr(args, "overlap", None) is not None
+                          else OVERLAP_FRACTION))
+    if not 0 <= common["overlap_fraction"] <= 1:
+        raise SystemExit("--overlap must be between 0 and 1")
     setups = {k: SeedSetup(seeds=k, **common) for k in SEED_SYSTEMS}
     for k, setup in setups.items():
         servers = setup.servers
@@ -1787,8 +1793,8 @@ def seeds_main(args, out):
               f"{args.seeds.upper()}, racks of {setup.rack_nodes()} servers, "
               f"{setup.rate() / 1e9:g} Gbit/s per server, link efficiency "
               f"{setup.link_efficiency:.3f}, CPU-plane call overhead "
-              f"{(setup.call_overhead or 0) / US:.0f} us, batch {setup.per_gpu_batch()}/GPU; "
-              "efficiency in %\n", file=out)
+              f"{(setup.call_overhead or 0) / US:.0f} us, batch {setup.per_gpu_batch()}/GPU, "
+              f"overlap {setup.overlap_fraction:g}; efficiency in %\n", file=out)
         print(seeds_markdown(setup, args.solve_rate, args.solve_against), file=out, flush=True)
         result["seeds"] = {"table": seeds_table(setup),
                            "rates": seeds_rates(setup, args.solve_rate, args.solve_against)}

@@ -469,6 +469,9 @@ def test_refit_reads_results_files_by_name(tmp_path):
     assert obs[0]["uplink"] == "250mbit"
     loaded, source = m.load_observations(results_dir=str(tmp_path))
     assert loaded == obs and "docs/results" in source
+    # named on the command line, any file name
+    loaded, source = m.load_observations([str(tmp_path / "other_2x4x1.json")])
+    assert [o["time_s"] for o in loaded] == [2.5, 7.0] and source.endswith("other_2x4x1.json")
     # no matching file: the transcribed observations
     loaded, source = m.load_observations(results_dir=str(tmp_path / "none"))
     assert source.endswith("cluster_observations.json") and len(loaded) >= 2
