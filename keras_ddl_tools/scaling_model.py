@@ -325,9 +325,9 @@ class Racks:
 RACK_PIECE = 1 << 20   # bytes of one piece of algorithms/rack_allreduce.cc
 
 
-def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE):
+def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE, pieces=None):
     """The three-level (rack) allreduce's cross-node part on one grid of
-    ``racks``: P = ceil(nbytes / piece) pieces enter the pipeline one step
+    ``racks``: P = ceil(nbytes / piece) pieces (or ``pieces``) enter the pipeline one step
     apart and each goes through ``racks.stage_links()`` one round per step.
     A step lasts one message latency ``alpha`` plus its most loaded link's
     time: each round of a node-link stage moves node_term / (2P) over the
@@ -340,7 +340,7 @@ def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE):
         raise ValueError(f"message size must be >= 0 bytes, got {nbytes}")
     if racks.nodes == 1 or nbytes == 0:
         return 0.0
-    pieces = max(1, math.ceil(nbytes / piece))
+    pieces = pieces or max(1, math.ceil(nbytes / piece))
     share = {"node": racks.node_term(nbytes) / (2 * pieces)}
     if racks.racks > 1:
         share["uplink"] = racks.uplink_term(nbytes) / (2 * pieces)
@@ -375,7 +375,7 @@ def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=RA
         # one grid per local rank, each on its nbytes/L slice, in pieces of
         # `piece`; the L grids share the links, so each step moves L pieces
         pieces = max(1, math.ceil(nbytes / per_node / piece))
-        t += rack_allreduce(grid, nbytes, inter.alpha, piece=nbytes / pieces)
+        t += rack_allreduce(grid, nbytes, inter.alpha, pieces=pieces)
     return t
 
 

@@ -363,7 +363,9 @@ def test_three_level_adds_the_node_stage_and_shares_the_links():
     # the two grids sharing each node's link: the grid sees the node's 16 MB
     grid = m.Racks(4, 2, 10e9, 20e9)
     expected = 2 * m.ring_reduce_scatter(2, S, intra) + m.rack_allreduce(
-        grid, S, 5e-6, piece=S / 8)
+        grid, S, 5e-6, pieces=8)
+    assert m.rack_allreduce(grid, S, 5e-6, pieces=8) == m.rack_allreduce(grid, S, 5e-6,
+                                                                          piece=S / 8)
     assert m.three_level(16, 2, S, intra, inter, uplink, 2) == pytest.approx(expected, rel=1e-12)
     assert m.allreduce_time("racks", 16, 2, S, intra, inter, uplink=uplink,
                             nodes_per_rack=2) == pytest.approx(expected, rel=1e-12)
