@@ -1,4 +1,4 @@
-"""The alpha-beta scaling model (keras_ddl_tools/scaling_model.py): formulas against
+"""The alpha-beta scaling model (keras_ddl_tools/scaling_model/): formulas against
 hand-computed values, properties of the predictions, the published points
 and the command line. Single process, no TensorFlow, a few seconds."""
 
