@@ -373,6 +373,57 @@ def test_three_level_adds_the_node_stage_and_shares_the_links():
         m.three_level(16, 2, S, intra, inter, uplink, 3)
 
 
+def test_rack_pieces_are_an_eighth_of_the_call_within_1_to_8_mib():
+    # RackPieceBytes in custom_ops/algorithms/rack_allreduce.h (main, 6b9f4ab)
+    # and its checks in tests/core/rack_allreduce_check.cc, as piece counts
+    MiB = 1 << 20
+    assert m.rack_pieces(0) == 1 and m.rack_pieces(1) == 1
+    assert m.rack_pieces(4 * MiB) == 4            # the 1 MiB floor
+    assert m.rack_pieces(1.5 * MiB) == 2
+    assert m.rack_pieces(8 * MiB) == 8
+    assert m.rack_pieces(8 * MiB + 1) == 8        # an eighth: no ninth piece from rounding
+    assert m.rack_pieces(16 * MiB) == 8           # pieces of 2 MiB
+    assert m.rack_pieces(64 * MiB) == 8           # pieces of 8 MiB
+    assert m.rack_pieces(64 * MiB + 1) == 9       # the 8 MiB cap
+    assert m.rack_pieces(1 << 30) == 128
+    # the rack allreduce takes the rule unless told a piece size or count
+    grid = m.Racks(2, 4, 1e9, 0.25e9)
+    for S in (3 * MiB, 40 * MiB, 100 * MiB):
+        assert m.rack_allreduce(grid, S, 1e-5) == m.rack_allreduce(grid, S, 1e-5,
+                                                                   pieces=m.rack_pieces(S))
+    assert m.rack_allreduce(grid, 40 * MiB, 1e-5, piece=MiB) == m.rack_allreduce(
+        grid, 40 * MiB, 1e-5, pieces=40)
+
+
+def test_three_level_cuts_each_slice_by_the_rule():
+    intra = m.Link(alpha=2e-6, bandwidth=20e9)
+    inter = m.Link(alpha=5e-6, bandwidth=10e9)
+    uplink = m.Link(alpha=5e-6, bandwidth=20e9)
+    S = 128 * 2**20
+    grid = m.Racks(4, 2, 10e9, 20e9)
+    in_node = 2 * m.ring_reduce_scatter(2, S, intra)
+    # 2 GPUs per node: 64 MiB slices, 8 pieces of 8 MiB (1 MiB pieces: 64)
+    assert m.three_level(16, 2, S, intra, inter, uplink, 2) == pytest.approx(
+        in_node + m.rack_allreduce(grid, S, 5e-6, pieces=8), rel=1e-12)
+    assert m.three_level(16, 2, S, intra, inter, uplink, 2, piece=2**20) == pytest.approx(
+        in_node + m.rack_allreduce(grid, S, 5e-6, pieces=64), rel=1e-12)
+
+
+def test_observations_measured_with_fixed_pieces_keep_them():
+    # the lab notes' rack rows ran with 1 MiB pieces: their bound says so
+    obs = {"shape": "2x4x1", "rate": "1gbit", "uplink": "250mbit", "path": "racks",
+           "size": 64 << 20, "time_s": 3.11}
+    node, up = m.Link(0.0, 1e9 / 8), m.Link(0.0, 250e6 / 8)
+    assert m.observation_bound(obs) == m.three_level(8, 1, 64 << 20, node, node, up, 4)
+    assert m.observation_bound(dict(obs, piece=1 << 20)) == m.three_level(
+        8, 1, 64 << 20, node, node, up, 4, piece=1 << 20)
+    assert m.observation_bound(dict(obs, piece=1 << 20)) < m.observation_bound(obs)
+    with open(m.OBSERVATIONS) as f:
+        transcribed = json.load(f)["observations"]
+    racks_rows = [o for o in transcribed if o["path"] == "racks"]
+    assert racks_rows and all(o.get("piece") == 1 << 20 for o in racks_rows)
+
+
 def test_pairwise_cross_step_by_hand():
     inter = m.Link(alpha=0.0, bandwidth=1e9)
     uplink = m.Link(alpha=0.0, bandwidth=0.5e9)

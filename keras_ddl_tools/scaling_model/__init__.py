@@ -66,7 +66,9 @@ from .links import FP32, GB, MS, US, Link, _check, _nodes, _rack_count  # noqa: 
 from .plots import plot, seeds_plot  # noqa: F401
 from .published import (  # noqa: F401
     PUBLISHED, PublishedPoint, _closest_fraction, compare_published, overlap_needed)
-from .racks import RACK_PIECE, Racks, rack_allreduce, three_level  # noqa: F401
+from .racks import (  # noqa: F401
+    RACK_MAX_PIECE, RACK_PIECE, RACK_PIECES_PER_CALL, Racks, rack_allreduce, rack_pieces,
+    three_level)
 from .seeds import (  # noqa: F401
     SEED_ALGORITHMS, SEED_MODELS, SEED_SYSTEMS, SEEDS_BLOCK, SeedSetup, _gbit,
     _systems_algorithms, render_seeds_blocks, seed_efficiency, seed_system, seeds_markdown,

@@ -46,13 +46,16 @@ def _parse_shape(shape):
 def observation_bound(obs):
     """The model's time for one observation's call with the links at their
     full rate and no latency or overhead: the algorithm's bytes over the
-    links, fill and drain of the rack pipeline included."""
+    links, fill and drain of the rack pipeline included; the rack
+    allreduce in pieces of the observation's ``piece`` bytes if it records
+    one (runs before the piece rule), else by today's rule."""
     nodes, per_node, racks = _parse_shape(obs["shape"])
     node = Link(0.0, parse_rate(obs["rate"]) / 8)
     uplink = Link(0.0, parse_rate(obs["uplink"]) / 8) if obs.get("uplink") else None
     npr = nodes // racks if racks > 1 else 0
     if obs["path"] == "racks":
-        return three_level(nodes, 1, obs["size"], node, node, uplink, npr)
+        return three_level(nodes, 1, obs["size"], node, node, uplink, npr,
+                           piece=obs.get("piece"))
     if obs["path"] == "two_level":
         return pairwise_ring_cross(nodes, obs["size"], node, uplink, npr)
     raise ValueError(f"unknown path {obs['path']!r} (two_level or racks)")

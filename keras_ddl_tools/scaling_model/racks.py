@@ -51,13 +51,33 @@ class Racks:
         return node + up + node
 
 
-RACK_PIECE = 1 << 20   # bytes of one piece of algorithms/rack_allreduce.cc
+# The pieces of algorithms/rack_allreduce.cc (RackPieceBytes in
+# rack_allreduce.h): an eighth of the call, at least RACK_PIECE and at most
+# RACK_MAX_PIECE bytes (before main's 6b9f4ab: always RACK_PIECE).
+RACK_PIECE = 1 << 20
+RACK_MAX_PIECE = 8 << 20
+RACK_PIECES_PER_CALL = 8
 
 
-def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE, pieces=None):
+def rack_pieces(call_bytes):
+    """How many pieces the rack allreduce cuts a call of ``call_bytes`` into:
+    ceil(call_bytes / piece) with piece = clamp(call_bytes / 8, 1 MiB,
+    8 MiB), i.e. pieces of 1 MiB up to 8 MiB (1 to 8 of them), 8 pieces up
+    to 64 MiB, pieces of 8 MiB beyond. Counted without a piece size in
+    between, so float rounding cannot add a piece. (The C++ rounds the piece
+    down to whole elements, which can leave a ninth piece of a few elements
+    between 8 and 64 MiB; the model leaves that out.)"""
+    if call_bytes <= 0:
+        return 1
+    return max(min(math.ceil(call_bytes / RACK_PIECE), RACK_PIECES_PER_CALL),
+               math.ceil(call_bytes / RACK_MAX_PIECE))
+
+
+def rack_allreduce(racks, nbytes, alpha=0.0, piece=None, pieces=None):
     """The three-level (rack) allreduce's cross-node part on one grid of
-    ``racks``: P = ceil(nbytes / piece) pieces (or ``pieces``) enter the pipeline one step
-    apart and each goes through ``racks.stage_links()`` one round per step.
+    ``racks``: P pieces enter the pipeline one step apart and each goes
+    through ``racks.stage_links()`` one round per step; P is ``pieces``,
+    else ceil(nbytes / piece), else rack_pieces(nbytes) (the C++ rule).
     A step lasts one message latency ``alpha`` plus its most loaded link's
     time: each round of a node-link stage moves node_term / (2P) over the
     node links, each uplink stage uplink_term / (2P) over the uplinks, and
@@ -69,7 +89,8 @@ def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE, pieces=None):
         raise ValueError(f"message size must be >= 0 bytes, got {nbytes}")
     if racks.nodes == 1 or nbytes == 0:
         return 0.0
-    pieces = pieces or max(1, math.ceil(nbytes / piece))
+    if not pieces:
+        pieces = max(1, math.ceil(nbytes / piece)) if piece else rack_pieces(nbytes)
     share = {"node": racks.node_term(nbytes) / (2 * pieces)}
     if racks.racks > 1:
         share["uplink"] = racks.uplink_term(nbytes) / (2 * pieces)
@@ -84,14 +105,16 @@ def rack_allreduce(racks, nbytes, alpha=0.0, piece=RACK_PIECE, pieces=None):
     return t
 
 
-def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=RACK_PIECE):
+def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=None):
     """Shared memory (or NVLink) inside the node: reduce-scatter over the L
     local ranks; then each local rank's slice goes through the rack
     allreduce with the same local rank of the other nodes (L grids side by
     side, sharing each node's link and each rack's uplink, so the bound is
     that of the node's whole nbytes); the node's all-gather. Inside-node and
     cross-node parts add up: a node's chunk is not overlapped with the next
-    chunk's rack step (docs/topology.md, "Not done yet")."""
+    chunk's rack step (docs/topology.md, "Not done yet"). The slice is cut
+    into rack_pieces(nbytes / L) pieces, or pieces of ``piece`` bytes (a
+    fixed size, e.g. the 1 MiB of runs before the rule)."""
     _check(n, nbytes)
     nodes, per_node = _nodes(n, local)
     if n == 1:
@@ -101,8 +124,10 @@ def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=RA
         r = _rack_count(nodes, nodes_per_rack) if uplink is not None else 1
         grid = Racks(r, nodes // r, inter.bandwidth,
                      uplink.bandwidth if uplink is not None else math.inf)
-        # one grid per local rank, each on its nbytes/L slice, in pieces of
-        # `piece`; the L grids share the links, so each step moves L pieces
-        pieces = max(1, math.ceil(nbytes / per_node / piece))
+        # one grid per local rank, each on its nbytes/L slice, in pieces;
+        # the L grids share the links, so each step moves L pieces
+        slice_bytes = nbytes / per_node
+        pieces = (max(1, math.ceil(slice_bytes / piece)) if piece
+                  else rack_pieces(slice_bytes))
         t += rack_allreduce(grid, nbytes, inter.alpha, pieces=pieces)
     return t
