@@ -155,7 +155,8 @@ setup(
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools"]),
+    packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
+                                    "keras_ddl_tools.*"]),
     py_modules=["keras_ddl_launcher"],
     package_data={"keras_ddl": ["settings.def"]},  # ddlrun's entry point: no TensorFlow import
     # The sources are compiled by BuildCustomOps; listed as dependencies so

@@ -1,4 +1,4 @@
-"""The alpha-beta scaling model (keras_ddl_tools/scaling_model.py): formulas against
+"""The alpha-beta scaling model (keras_ddl_tools/scaling_model/): formulas against
 hand-computed values, properties of the predictions, the published points
 and the command line. Single process, no TensorFlow, a few seconds."""
 
@@ -307,3 +307,334 @@ def test_overlap_fraction_refit_uses_the_control_run_when_present():
                        "efficiency": 0.66}]}
     with pytest.raises(ValueError, match="2 nodes x 1 rank; this result has no 2x1_ms"):
         m.overlap_from_fit(three, rate)
+
+
+# --- racks: the three-level allreduce, uplinks, the seeds' scale -----------------------
+
+def test_racks_oversubscription_and_bound():
+    r = m.Racks(racks=2, nodes_per_rack=16, node_rate=12.5e9, uplink_rate=50e9)
+    assert r.nodes == 32 and r.oversubscription == pytest.approx(4.0)
+    S = 8e6
+    assert r.node_term(S) == pytest.approx(2 * 31 / 32 * S / 12.5e9)
+    assert r.uplink_term(S) == pytest.approx(2 * 1 / 2 * S / 50e9)
+    assert r.bound(S) == max(r.node_term(S), r.uplink_term(S))
+    assert r.stage_links() == ["node", "uplink", "uplink", "node"]
+    assert m.Racks(1, 4, 1e9, 1e9).stage_links() == ["node", "node"]
+    assert m.Racks(4, 1, 1e9, 1e9).stage_links() == ["uplink", "uplink"]
+
+
+def test_rack_allreduce_four_pieces_by_hand():
+    # 2 racks x 2 nodes, nodes 1 GB/s, uplinks 0.25 GB/s, 4 MB in 4 pieces of 1 MB.
+    # node_term = 2*3/4*4e6/1e9 = 6 ms -> 0.75 ms per node round of a piece;
+    # uplink_term = 2*1/2*4e6/0.25e9 = 16 ms -> 2 ms per uplink round of a piece.
+    # Steps (A B C D active): A | A B | A B C | A B C D | B C D | C D | D
+    # node load:   .75  .75  .75  1.5  .75  .75  .75 ; uplink: 0 2 4 4 4 2 0
+    # step = max -> .75 + 2 + 4 + 4 + 4 + 2 + .75 = 17.5 ms, plus 7 latencies
+    racks = m.Racks(2, 2, 1e9, 0.25e9)
+    assert m.rack_allreduce(racks, 4e6, alpha=1e-5, piece=1e6) == pytest.approx(
+        17.5e-3 + 7e-5, rel=1e-12)
+    assert racks.bound(4e6) == pytest.approx(16e-3)
+
+
+def test_rack_allreduce_one_piece_is_the_sum_of_its_stages():
+    # 2 racks x 4 nodes, equal rates, one piece: A .875 + B .5 + C .5 + D .875 ms
+    racks = m.Racks(2, 4, 1e9, 1e9)
+    assert m.rack_allreduce(racks, 1e6, piece=1e6) == pytest.approx(2.75e-3, rel=1e-12)
+
+
+def test_rack_allreduce_one_rack_reaches_the_node_bound():
+    # one rack of 4: A and D on the node links; 8 pieces: half a step of fill,
+    # half of drain, 7 full steps = exactly 2*3/4*8e6/1e9 = 12 ms
+    racks = m.Racks(1, 4, 1e9, 1e9)
+    assert m.rack_allreduce(racks, 8e6, piece=1e6) == pytest.approx(12e-3, rel=1e-12)
+    # large calls approach the bound of the slowest dimension
+    big = m.Racks(4, 16, 12.5e9, 12.5e9)
+    S = 1e9
+    assert m.rack_allreduce(big, S) == pytest.approx(big.bound(S), rel=0.01)
+    assert m.rack_allreduce(big, 0) == 0.0 and m.rack_allreduce(m.Racks(1, 1, 1, 1), S) == 0.0
+
+
+def test_three_level_adds_the_node_stage_and_shares_the_links():
+    intra = m.Link(alpha=2e-6, bandwidth=20e9)
+    inter = m.Link(alpha=5e-6, bandwidth=10e9)
+    uplink = m.Link(alpha=5e-6, bandwidth=20e9)
+    S = 16 * 2**20
+    # 4 racks x 2 nodes x 2 GPUs: each GPU's 8 MB slice in 8 pieces of 1 MB,
+    # the two grids sharing each node's link: the grid sees the node's 16 MB
+    grid = m.Racks(4, 2, 10e9, 20e9)
+    expected = 2 * m.ring_reduce_scatter(2, S, intra) + m.rack_allreduce(
+        grid, S, 5e-6, pieces=8)
+    assert m.rack_allreduce(grid, S, 5e-6, pieces=8) == m.rack_allreduce(grid, S, 5e-6,
+                                                                          piece=S / 8)
+    assert m.three_level(16, 2, S, intra, inter, uplink, 2) == pytest.approx(expected, rel=1e-12)
+    assert m.allreduce_time("racks", 16, 2, S, intra, inter, uplink=uplink,
+                            nodes_per_rack=2) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="do not fill racks"):
+        m.three_level(16, 2, S, intra, inter, uplink, 3)
+
+
+def test_rack_pieces_are_an_eighth_of_the_call_within_1_to_8_mib():
+    # RackPieceBytes in custom_ops/algorithms/rack_allreduce.h (main, 6b9f4ab)
+    # and its checks in tests/core/rack_allreduce_check.cc, as piece counts
+    MiB = 1 << 20
+    assert m.rack_pieces(0) == 1 and m.rack_pieces(1) == 1
+    assert m.rack_pieces(4 * MiB) == 4            # the 1 MiB floor
+    assert m.rack_pieces(1.5 * MiB) == 2
+    assert m.rack_pieces(8 * MiB) == 8
+    assert m.rack_pieces(8 * MiB + 1) == 8        # an eighth: no ninth piece from rounding
+    assert m.rack_pieces(16 * MiB) == 8           # pieces of 2 MiB
+    assert m.rack_pieces(64 * MiB) == 8           # pieces of 8 MiB
+    assert m.rack_pieces(64 * MiB + 1) == 9       # the 8 MiB cap
+    assert m.rack_pieces(1 << 30) == 128
+    # the rack allreduce takes the rule unless told a piece size or count
+    grid = m.Racks(2, 4, 1e9, 0.25e9)
+    for S in (3 * MiB, 40 * MiB, 100 * MiB):
+        assert m.rack_allreduce(grid, S, 1e-5) == m.rack_allreduce(grid, S, 1e-5,
+                                                                   pieces=m.rack_pieces(S))
+    assert m.rack_allreduce(grid, 40 * MiB, 1e-5, piece=MiB) == m.rack_allreduce(
+        grid, 40 * MiB, 1e-5, pieces=40)
+
+
+def test_three_level_cuts_each_slice_by_the_rule():
+    intra = m.Link(alpha=2e-6, bandwidth=20e9)
+    inter = m.Link(alpha=5e-6, bandwidth=10e9)
+    uplink = m.Link(alpha=5e-6, bandwidth=20e9)
+    S = 128 * 2**20
+    grid = m.Racks(4, 2, 10e9, 20e9)
+    in_node = 2 * m.ring_reduce_scatter(2, S, intra)
+    # 2 GPUs per node: 64 MiB slices, 8 pieces of 8 MiB (1 MiB pieces: 64)
+    assert m.three_level(16, 2, S, intra, inter, uplink, 2) == pytest.approx(
+        in_node + m.rack_allreduce(grid, S, 5e-6, pieces=8), rel=1e-12)
+    assert m.three_level(16, 2, S, intra, inter, uplink, 2, piece=2**20) == pytest.approx(
+        in_node + m.rack_allreduce(grid, S, 5e-6, pieces=64), rel=1e-12)
+
+
+def test_observations_measured_with_fixed_pieces_keep_them():
+    # the lab notes' rack rows ran with 1 MiB pieces: their bound says so
+    obs = {"shape": "2x4x1", "rate": "1gbit", "uplink": "250mbit", "path": "racks",
+           "size": 64 << 20, "time_s": 3.11}
+    node, up = m.Link(0.0, 1e9 / 8), m.Link(0.0, 250e6 / 8)
+    assert m.observation_bound(obs) == m.three_level(8, 1, 64 << 20, node, node, up, 4)
+    assert m.observation_bound(dict(obs, piece=1 << 20)) == m.three_level(
+        8, 1, 64 << 20, node, node, up, 4, piece=1 << 20)
+    assert m.observation_bound(dict(obs, piece=1 << 20)) < m.observation_bound(obs)
+    with open(m.OBSERVATIONS) as f:
+        transcribed = json.load(f)["observations"]
+    racks_rows = [o for o in transcribed if o["path"] == "racks"]
+    assert racks_rows and all(o.get("piece") == 1 << 20 for o in racks_rows)
+
+
+def test_pairwise_cross_step_by_hand():
+    inter = m.Link(alpha=0.0, bandwidth=1e9)
+    uplink = m.Link(alpha=0.0, bandwidth=0.5e9)
+    S = 8e6
+    # 2 racks of 4: the reduce-scatter sends 4*4/8*S = 2S = 16 MB through each
+    # uplink (32 ms; the node links need 7/8*S/1e9 = 7 ms); the ring all-gather
+    # 7 steps of max(1 MB / 1 GB/s, 1 MB / 0.5 GB/s) = 2 ms
+    assert m.pairwise_ring_cross(8, S, inter, uplink, 4) == pytest.approx(46e-3, rel=1e-12)
+    # one switch: 7 ms + 7 x 1 ms, i.e. the bandwidth of a ring
+    assert m.pairwise_ring_cross(8, S, inter) == pytest.approx(14e-3, rel=1e-12)
+    with_alpha = m.Link(alpha=1e-5, bandwidth=1e9)
+    assert m.pairwise_ring_cross(8, S, with_alpha) == pytest.approx(14e-3 + 14e-5, rel=1e-12)
+    # behind uplinks the ring across nodes only sees them when they are slower
+    assert m.ring_cross_racks(8, S, inter, uplink, 4) == pytest.approx(2 * 7 * 2e-3)
+    assert m.hierarchical(8, 1, S, inter, inter, cross="pairwise", uplink=uplink,
+                          nodes_per_rack=4) == pytest.approx(46e-3, rel=1e-12)
+    with pytest.raises(ValueError, match="not modelled behind rack uplinks"):
+        m.hierarchical(8, 1, S, inter, inter, cross="multi_ring", uplink=uplink,
+                       nodes_per_rack=4)
+
+
+def test_flat_ring_sees_a_slow_uplink():
+    intra = m.Link(alpha=0.0, bandwidth=20e9)
+    inter = m.Link(alpha=0.0, bandwidth=10e9)
+    slow = m.Link(alpha=0.0, bandwidth=1e9)
+    S = 64e6
+    assert m.flat_ring(16, 2, S, intra, inter, slow, 4) == pytest.approx(2 * 15 * S / 16 / 1e9)
+    assert m.flat_ring(16, 2, S, intra, inter) == pytest.approx(2 * 15 * S / 16 / 10e9)
+
+
+def test_solve_rate_reaches_the_target():
+    eff = lambda r: r / (r + 1e9)  # noqa: E731  (90% at 9 Gbit/s)
+    rate = m.solve_rate(eff, 0.9)
+    assert eff(rate) >= 0.9 and eff(rate / 1.002) < 0.9
+    assert rate == pytest.approx(9e9, rel=2e-3)
+    assert m.solve_rate(lambda r: 0.5, 0.9) is None
+    assert m.solve_rate(lambda r: 0.95, 0.9) == 1e8
+    # on a seed system: the solved server rate gives 90% within the tolerance
+    setup = m.SeedSetup(seeds="p100", link_efficiency=0.9, call_overhead=300e-6)
+    work = m.workload("resnet50")
+
+    def at(r):
+        return m.seed_efficiency(m.seed_system("p100_gpu", setup, node_rate=r), work, 256,
+                                 "racks", "pairwise")
+    rate = m.solve_rate(at, 0.9)
+    assert at(rate) == pytest.approx(0.9, abs=0.002) and at(rate) >= 0.9
+
+
+def _synthetic_observations(eff, overhead):
+    shapes = [("2x1", "1gbit", None, "two_level"), ("2x4x1", "1gbit", "250mbit", "racks"),
+              ("2x4x1", "400mbit", "100mbit", "two_level"), ("2x8x1", "400mbit", "100mbit",
+                                                             "racks")]
+    obs = []
+    for shape, rate, uplink, path in shapes:
+        for size in (4096, 1 << 20, 16 << 20, 64 << 20):
+            o = {"shape": shape, "rate": rate, "uplink": uplink, "path": path, "size": size}
+            o["time_s"] = overhead + m._fit_bound(o) / eff
+            obs.append(o)
+    return obs
+
+
+def test_refit_recovers_known_parameters():
+    fit = m.refit(_synthetic_observations(0.8, 250e-6))
+    assert fit.link_efficiency == pytest.approx(0.8, rel=1e-9)
+    assert fit.call_overhead == pytest.approx(250e-6, rel=1e-6)
+    assert fit.spread < 1e-9
+    # 5% noise either way shows as a +-5% spread; the overhead never goes negative
+    noisy = _synthetic_observations(0.8, 100e-6)
+    for i, o in enumerate(noisy):
+        o["time_s"] *= 1.05 if i % 2 else 0.95
+    fit = m.refit(noisy)
+    assert fit.call_overhead >= 0.0
+    assert 0.04 < fit.spread < 0.12 and 0.7 < fit.link_efficiency < 0.9
+    with pytest.raises(ValueError, match="at least 2"):
+        m.refit(noisy[:1])
+    with pytest.raises(ValueError, match="positive"):
+        m.refit([dict(o, time_s=0.0) for o in noisy])
+
+
+def test_refit_reads_results_files_by_name(tmp_path):
+    from keras_ddl_tools import results
+    launch = {"meta": {"date": "2026-12-05T00:00:00Z", "commit": "f" * 40, "command": "c",
+                       "machine": {"cores": 2}},
+              "nodes": 8, "ranks_per_node": 1, "rate": "1gbit", "racks": 2,
+              "uplink": "250mbit", "burst_bytes": 262144,
+              "rows": [{"size": "64MB", "bound_us": 2.15e6, "auto_us": 2.5e6, "flat_us": 7e6,
+                        "mpi_us": 5e6},
+                       {"size": "256KB", "bound_us": 9e3, "auto_us": 2e4, "flat_us": 3e4,
+                        "mpi_us": 2e4}]}
+    merged = results.merge([launch], "racks_2x4x1_4to1", "c", "test")
+    results.save(merged, str(tmp_path / "racks_2x4x1_4to1.json"))
+    results.save(merged, str(tmp_path / "other_2x4x1.json"))     # not a refit name
+    obs = m.observations_from_results(str(tmp_path))
+    assert [(o["shape"], o["path"], o["size"], o["time_s"]) for o in obs] == [
+        ("2x4x1", "racks", 64 << 20, 2.5), ("2x4x1", "two_level", 64 << 20, 7.0)]
+    assert obs[0]["uplink"] == "250mbit"
+    loaded, source = m.load_observations(results_dir=str(tmp_path))
+    assert loaded == obs and "docs/results" in source
+    # named on the command line, any file name
+    loaded, source = m.load_observations([str(tmp_path / "other_2x4x1.json")])
+    assert [o["time_s"] for o in loaded] == [2.5, 7.0] and source.endswith("other_2x4x1.json")
+    # no matching file: the transcribed observations
+    loaded, source = m.load_observations(results_dir=str(tmp_path / "none"))
+    assert source.endswith("cluster_observations.json") and len(loaded) >= 2
+
+
+ANCHORS_TEXT = """
+| model | classes | batch per GPU | step (ms) | images/s | parameters | gradient bytes (fp32) |
+|---|---|---|---|---|---|---|
+| ResNet-50 | 1000 | 256 | 41.0 (40.7-42.0) | 6248 | 25.58 M | 102.3 MB |
+| ResNet-101 | 21841 | 32 | 31.0 (27.7-38.6) | 1033 | 87.31 M | 349.2 MB |
+
+| bytes | device->host pageable | host->device pageable | device->host pinned | host->device pinned |
+|---|---|---|---|---|
+| 1 MB | 0.14 ms (7.6 GB/s) | 0.12 ms (8.9 GB/s) | 0.044 ms (23.7 GB/s) | 0.043 ms (24.1 GB/s) |
+
+| ranks | 102 MB | 349 MB |
+|---|---|---|
+| 8 | 45 ms | 157 ms |
+"""
+
+
+def test_anchors_parser_on_a_sample():
+    a = m.parse_anchors(ANCHORS_TEXT)
+    assert a["step_ms"] == {("resnet50", 256): 41.0, ("resnet101-22k", 32): 31.0}
+    assert a["gradient_bytes"] == {"resnet50": 102.3e6, "resnet101-22k": 349.2e6}
+    assert a["staging_ms"] == {1e6: (0.14, 0.12, 0.044, 0.043)}
+    assert a["shm_allreduce_ms"] == {8: (45.0, 157.0)}
+
+
+def test_h200_constants_match_the_anchors_file():
+    import os
+    if not os.path.exists(m.ANCHORS_PATH):
+        pytest.skip(f"{m.ANCHORS_PATH} is not on this machine")
+    with open(m.ANCHORS_PATH) as f:
+        assert m.parse_anchors(f.read()) == m.H200_ANCHORS
+
+
+def test_h200_links_from_the_anchors():
+    d2h, h2d = m.h200_staging("pinned")
+    # through the 1 MB and 349 MB points: both reproduced
+    for link, col in ((d2h, 2), (h2d, 3)):
+        for nbytes in (1e6, 349e6):
+            assert link.cost(nbytes) == pytest.approx(
+                m.H200_ANCHORS["staging_ms"][nbytes][col] * 1e-3, rel=0.02)
+    pd2h, ph2d = m.h200_staging("pageable")
+    assert ph2d.bandwidth < pd2h.bandwidth < d2h.bandwidth
+    shm = m.h200_shm_link(8)
+    # the 8-rank probe: 2*7/8 x 349.2 MB in 157 ms is 3.9 GB/s
+    assert 3.5e9 < shm.bandwidth < 4.2e9
+    # measured steps replace the MAC scaling
+    setup = m.SeedSetup(seeds="h200")
+    s = m.seed_system("h200_gpu", setup)
+    assert s.step_compute(m.workload("resnet101-22k")) == pytest.approx(67.7e-3)
+    assert s.step_compute(m.workload("resnet50")) == pytest.approx(41.0e-3)
+    with pytest.raises(ValueError, match="batch 32 and 256"):
+        m.seed_system("h200_gpu", m.SeedSetup(seeds="h200", batch=64))
+
+
+def test_seed_predictions_hang_together():
+    setup = m.SeedSetup(seeds="p100", link_efficiency=0.87, call_overhead=300e-6)
+    rows = {(r["system"], r["algorithm"]): r for r in m.seeds_table(setup)}
+    racks = rows[("p100_gpu", "three-level (racks)")]
+    pairwise = rows[("p100_gpu", "two-level, pairwise")]
+    flat = rows[("p100_gpu", "flat ring")]
+    # oversubscription hurts the pairwise step most, the rack allreduce least
+    assert pairwise["rel_4to1"] < pairwise["rel_1to1"] - 0.01
+    assert racks["rel_1to1"] - racks["rel_4to1"] < 0.01
+    assert racks["rel_4to1"] > pairwise["rel_4to1"] > flat["rel_4to1"]
+    for r in rows.values():
+        assert 0 < r["abs_4to1"] <= r["one_server"] <= 1
+
+
+def test_cli_seeds_and_docs_blocks(capsys, tmp_path):
+    from keras_ddl_tools.scaling_model import add_arguments, main
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    doc = tmp_path / "d.md"
+    doc.write_text("text\n<!-- seeds:p100 -->\nold\n<!-- /seeds:p100 -->\nmore\n")
+    result = main(parser.parse_args(["--seeds", "p100", "--update-doc", str(doc)]))
+    out = capsys.readouterr().out
+    assert "# refit on" in out and "| model | system | algorithm |" in out
+    assert result["refit"]["link_efficiency"] > 0
+    text = doc.read_text()
+    assert "old" not in text and "| resnet50 | p100_gpu | flat ring |" in text
+    assert text.startswith("text\n<!-- seeds:p100 -->\n") and text.endswith(
+        "<!-- /seeds:p100 -->\nmore\n")
+    for argv in (["--seeds", "p100", "--uplink-ratio", "0"],
+                 ["--seeds", "h200", "--batch", "64"],
+                 ["--seeds", "p100", "--nodes-per-rack", "5"],
+                 ["--seeds", "p100", "--node-rate", "fast"]):
+        with pytest.raises(SystemExit):
+            main(parser.parse_args(argv))
+
+
+def test_docs_seeds_tables_are_the_commands_output():
+    """docs/scaling_model.md's seeds tables are what
+    ``python -m keras_ddl_tools.scaling_model --seeds p100|h200 --update-doc
+    docs/scaling_model.md`` writes with the default settings and the refit
+    on the committed files."""
+    import os
+    doc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                       "scaling_model.md")
+    with open(doc) as f:
+        text = f.read()
+    assert "<!-- seeds:p100 -->" in text and "<!-- seeds:h200 -->" in text
+    obs, source = m.load_observations()
+    fit = m.refit(obs, source)
+    setups = {k: m.SeedSetup(seeds=k, link_efficiency=fit.link_efficiency,
+                             call_overhead=fit.call_overhead) for k in m.SEED_SYSTEMS}
+    assert m.render_seeds_blocks(text, setups) == text, (
+        "docs/scaling_model.md: a seeds table differs from the model; run python -m "
+        "keras_ddl_tools.scaling_model --seeds p100 --update-doc docs/scaling_model.md")
