@@ -38,7 +38,8 @@ def test_bad_restart_options_are_clear_errors(argv, words, capsys):
 
 def restarting(launcher, tmp_path, nprocs, mode, max_restarts, timeout=120):
     return launcher.ddlrun(nprocs, PROBE, mode, str(tmp_path),
-                           options=["--max-restarts", str(max_restarts), "--restart-delay-s", "0.5"],
+                           options=["--max-restarts", str(max_restarts),
+                                    "--restart-delay-s", "0.5"],
                            timeout=timeout, cwd=tmp_path, module="keras_ddl_launcher")
 
 

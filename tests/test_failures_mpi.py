@@ -59,8 +59,8 @@ def test_dead_rank_ends_the_job_and_ddlrun_names_it(launcher, how):
 
 
 def test_skipped_collective_warns_then_fails_every_rank(launcher):
-    proc = launcher.mpi(3, SCRIPT, "stall", env={"DDL_STALL_WARNING_S": "1", "DDL_STALL_TIMEOUT_S": "4"},
-                        timeout=240)
+    proc = launcher.mpi(3, SCRIPT, "stall",
+                        env={"DDL_STALL_WARNING_S": "1", "DDL_STALL_TIMEOUT_S": "4"}, timeout=240)
     assert proc.returncode != 0
     warning = re.search(r"stall warning \(rank 0\).*?'skipped\.by\.rank1' waiting \d+ s for "
                         r"ranks \[1\]", proc.stderr, re.DOTALL)
