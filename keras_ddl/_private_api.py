@@ -21,8 +21,9 @@ deep inside Keras):
   (``on_rank``) so that wrapped callbacks keep Keras' fast path for hooks
   they do not override.
 * ``tensorflow.python.autograph.impl.api.autograph_artifact``:
-  ``skip_autograph``, used by ``ops.py`` so AutoGraph leaves the collective
-  wrappers alone without the public decorator's per-call cost.
+  ``skip_autograph``, used by ``collectives.py`` and ``variable_broadcast.py``
+  (``broadcast_``) so AutoGraph leaves the collective wrappers alone without
+  the public decorator's per-call cost. (``ops.py`` only re-exports them.)
 
 Used in place, because they are the extension points themselves:
 
@@ -36,7 +37,11 @@ Used in place, because they are the extension points themselves:
   distributed dataset); ``tensorflow.python.trackable.base.
   CheckpointInitialValue`` (unwrapped before an initial value is
   broadcast); and ``keras.callbacks.CallbackList.__init__``, wrapped so that
-  printing and file-writing callbacks run on rank 0 only.
+  printing and file-writing callbacks run on rank 0 only: the wrapper reads
+  the model's ``_distribute_strategy`` (Keras 3 keeps the strategy a model
+  was built under there) and, on the other ranks, clears the list's
+  ``_progbar`` (its own reference to the ProgbarLogger it adds) along with
+  the dropped progress bar.
 * ``sync_batch_norm.py``: overrides ``BatchNormalization._moments`` and reads
   ``self._reduction_axes``, the one place Keras computes batch statistics;
   the override sums them over ranks before the normalisation.

@@ -26,7 +26,9 @@ import tensorflow as tf
 from . import _private_api, basics
 from ._validation import check_rank_argument
 from .checkpoint import BackupAndRestore
-from .ops import Average, allreduce, broadcast_variables, join
+from .collectives import allreduce, join
+from .op_arguments import Average
+from .variable_broadcast import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "JoinCallback", "MetricAverageCallback",
            "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BackupAndRestore",

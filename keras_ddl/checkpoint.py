@@ -32,7 +32,8 @@ import tensorflow as tf
 
 from . import _private_api, basics
 from ._validation import check_rank_argument
-from .ops import broadcast, broadcast_variables
+from .collectives import broadcast
+from .variable_broadcast import broadcast_variables
 
 __all__ = ["BackupAndRestore"]
 

@@ -31,7 +31,8 @@ import numbers
 
 import tensorflow as tf
 
-from .ops import Compression, allreduce, grouped_allreduce
+from .collectives import allreduce, grouped_allreduce
+from .compression import Compression
 
 
 def check_overlap_args(overlap_gradients, bucket_mb, owner):

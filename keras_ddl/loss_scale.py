@@ -35,7 +35,8 @@ import keras
 import tensorflow as tf
 
 from . import basics
-from .ops import Min, allreduce
+from .collectives import allreduce
+from .op_arguments import Min
 
 _local = threading.local()
 _install_lock = threading.Lock()

@@ -16,7 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from . import basics, process_sets
-from .ops import _check_root, allgather, auto_name, broadcast
+from .collectives import allgather, broadcast
+from .op_arguments import _check_root
+from .op_naming import auto_name
 
 
 def _eagerly(function):

@@ -18,8 +18,9 @@ import tensorflow as tf
 from keras import ops
 
 from . import _private_api, basics, loss_scale
+from .compression import Compression
 from .gradient_overlap import check_overlap_args, reduce_tensors
-from .ops import Average, Compression, ReduceOp, Sum, densify
+from .op_arguments import Average, ReduceOp, Sum, densify
 
 _COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 

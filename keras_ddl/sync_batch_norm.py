@@ -4,7 +4,8 @@ import keras
 import tensorflow as tf
 
 from . import basics
-from .ops import Sum, allreduce
+from .collectives import allreduce
+from .op_arguments import Sum
 
 
 def _drop_keras2_arguments(kwargs):

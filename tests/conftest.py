@@ -1,10 +1,18 @@
-"""Shared fixtures: launching scripts under mpiexec and reading their cases."""
+"""Shared fixture: ``launcher``, which launches scripts under mpiexec, ddlrun
+or the network-namespace test cluster, and reads their per-case reports.
+
+Scripts named without a directory are the ones in tests/mpi/; launches run
+from tests/ in ``Launcher.env()`` (quiet TensorFlow, one thread per op, a
+stall timeout, so a desynchronised test ends in an error, never a hang), and
+one that overruns its timeout fails its test with what it printed.
+"""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -12,74 +20,30 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 MPI_DIR = os.path.join(TESTS_DIR, "mpi")
 
 
-def mpiexec_path():
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    path = beside if os.path.exists(beside) else shutil.which("mpiexec")
-    if path is None:
-        pytest.fail("mpiexec not found: install the mpich wheel (pip install -r requirements.txt)")
-    return path
-
-
-def launch_env(extra=None):
-    env = dict(os.environ)
-    env.update({
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "PYTHONUNBUFFERED": "1",
-        # A desynchronised test must end in an error, never hang the suite.
-        "DDL_STALL_TIMEOUT_S": env.get("DDL_STALL_TIMEOUT_S", "60"),
-        "OMP_NUM_THREADS": "1",
-        "TF_NUM_INTRAOP_THREADS": "1",
-        "TF_NUM_INTEROP_THREADS": "2",
-    })
-    env.update(extra or {})
-    return env
-
-
-def _launch(argv, env, timeout):
-    """Runs a launcher command line; a launch that overruns fails the test
-    with what it printed."""
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=launch_env(env), cwd=TESTS_DIR)
-    except subprocess.TimeoutExpired as e:
-        def text(data):  # TimeoutExpired carries bytes even with text=True
-            return (data or b"").decode(errors="replace") if isinstance(data, bytes) else data
-        pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n"
-                    f"stdout:\n{text(e.stdout)[-4000:]}\nstderr:\n{text(e.stderr)[-4000:]}")
-
-
-def run_mpi(nprocs, script, args=(), env=None, timeout=300):
-    """Runs ``python script args`` on nprocs ranks; returns CompletedProcess."""
-    return _launch([mpiexec_path(), "-n", str(nprocs), sys.executable, script, *args], env,
-                   timeout)
-
-
-def parse_cases(proc):
-    """{case: {rank: result}} from the DDLCASE lines of a launch."""
-    results = {}
-    decoder = json.JSONDecoder()
-    text = proc.stdout
-    start = text.find("DDLCASE ")
-    while start >= 0:
-        # Lines of different ranks can interleave; each record is parsed
-        # from its marker to the end of its JSON object.
-        try:
-            r, end = decoder.raw_decode(text, start + len("DDLCASE "))
-            results.setdefault(r["case"], {})[r["rank"]] = r
-        except json.JSONDecodeError:
-            end = start + 1
-        start = text.find("DDLCASE ", end)
-    return results
+def case_names(script):
+    """Names of the @case functions in a tests/mpi script, read without
+    importing it (tests are parametrized with them at collection)."""
+    names, pending = [], False
+    with open(os.path.join(MPI_DIR, script)) as f:
+        for line in f:
+            if line.startswith("@case"):
+                pending = True
+            elif pending and line.startswith("def "):
+                names.append(line[4:line.index("(")])
+                pending = False
+    return names
 
 
 class CaseRun:
-    """One launch of a case script; tests look their case up in it."""
+    """One launch of a case script; tests look their case up in it.
+    ``link_bytes``: on the test cluster, what each node's link carried
+    during the launch (None elsewhere)."""
 
-    def __init__(self, nprocs, script, env=None, timeout=400, cases=()):
+    def __init__(self, nprocs, proc, link_bytes=None):
         self.nprocs = nprocs
-        self.proc = run_mpi(nprocs, os.path.join(MPI_DIR, script), args=cases, env=env,
-                            timeout=timeout)
-        self.results = parse_cases(self.proc)
+        self.proc = proc
+        self.link_bytes = link_bytes
+        self.results = Launcher.parse_cases(proc)
 
     def check(self, name):
         per_rank = self.results.get(name)
@@ -94,97 +58,181 @@ class CaseRun:
         assert not failures, f"case {name} failed on {len(failures)} rank(s):\n" + \
             "\n".join(failures)
 
-
     def check_clean_exit(self):
         assert self.proc.returncode == 0, self.proc.stderr[-4000:]
 
 
-_LAUNCHES = {}
+class Launcher:
+    """Every way the tests start a job. One per session: it keeps the case
+    launches that several tests share, and the test clusters it built (torn
+    down when the session ends)."""
+
+    def __init__(self):
+        self._case_runs = {}
+        self._clusters = {}
+
+    # --- what a launch is made of -------------------------------------------
+
+    @staticmethod
+    def mpiexec():
+        """The mpiexec beside the interpreter, else the one on PATH."""
+        beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        path = beside if os.path.exists(beside) else shutil.which("mpiexec")
+        if path is None:
+            pytest.fail("mpiexec not found: install the mpich wheel "
+                        "(pip install -r requirements.txt)")
+        return path
+
+    @staticmethod
+    def env(extra=None):
+        """This process's environment with the launch settings, then ``extra``."""
+        env = dict(os.environ)
+        env.update({
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONUNBUFFERED": "1",
+            # A desynchronised test must end in an error, never hang the suite.
+            "DDL_STALL_TIMEOUT_S": env.get("DDL_STALL_TIMEOUT_S", "60"),
+            "OMP_NUM_THREADS": "1",
+            "TF_NUM_INTRAOP_THREADS": "1",
+            "TF_NUM_INTEROP_THREADS": "2",
+        })
+        env.update(extra or {})
+        return env
+
+    @staticmethod
+    def cluster_env(extra=None):
+        """``env`` with the MPI settings the test cluster needs (TCP between
+        namespaces), then ``extra``."""
+        from keras_ddl.cluster import MPI_ENV
+        return Launcher.env(dict(MPI_ENV, **(extra or {})))
+
+    @staticmethod
+    def python(script, *args):
+        """``python script args``; ``script`` is a file of tests/mpi/, any
+        path, or ``-m`` (the module is the first of ``args``)."""
+        if not script.startswith("-"):
+            script = os.path.join(MPI_DIR, script)
+        return [sys.executable, script, *args]
+
+    def mpi_argv(self, nprocs, script, *args):
+        return [self.mpiexec(), "-n", str(nprocs), *self.python(script, *args)]
+
+    def cluster_argv(self, cluster, ranks_per_node, script, *args):
+        """mpiexec of ``ranks_per_node`` ranks on every node of ``cluster``."""
+        return [self.mpiexec(), *cluster.mpiexec_args(ranks_per_node), "-n",
+                str(ranks_per_node * cluster.nodes), *self.python(script, *args)]
+
+    # --- launches -------------------------------------------------------------
+
+    def command(self, argv, env=None, timeout=300, cwd=TESTS_DIR):
+        """Runs ``argv`` in ``env(env)``; returns the CompletedProcess (text)."""
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                  env=self.env(env), cwd=cwd)
+        except subprocess.TimeoutExpired as e:
+            def text(data):  # TimeoutExpired carries bytes even with text=True
+                return (data or b"").decode(errors="replace") if isinstance(data, bytes) else data
+            pytest.fail(f"{' '.join(map(str, argv))} did not finish in {timeout} s\n"
+                        f"stdout:\n{text(e.stdout)[-4000:]}\nstderr:\n{text(e.stderr)[-4000:]}")
+
+    def mpi(self, nprocs, script, *args, env=None, timeout=300, cwd=TESTS_DIR):
+        """``mpiexec -n nprocs python script args``."""
+        return self.command(self.mpi_argv(nprocs, script, *args), env=env, timeout=timeout,
+                            cwd=cwd)
+
+    def ddlrun(self, nprocs, script, *args, options=(), env=None, timeout=300, cwd=TESTS_DIR,
+               module="keras_ddl.runner.ddlrun"):
+        """``ddlrun -np nprocs options python script args`` (``module``: the
+        runner's module, or ``keras_ddl_launcher``, the console script's).
+        The result's ``ended`` is when ddlrun returned (time.time())."""
+        argv = [sys.executable, "-m", module, "-np", str(nprocs), *options,
+                *self.python(script, *args)]
+        proc = self.command(argv, env=env, timeout=timeout, cwd=cwd)
+        proc.ended = time.time()
+        return proc
+
+    def cluster(self, nodes, rate="1gbit"):
+        """A cluster of ``nodes`` namespaces for the session (built once);
+        skips the test when this machine cannot build one."""
+        from keras_ddl.cluster import NetnsCluster, missing_requirements
+        reason = missing_requirements()
+        if reason:
+            pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+        cluster = self._clusters.get(nodes)
+        if cluster is None:
+            cluster = self._clusters[nodes] = NetnsCluster(nodes, rate).up()
+        if cluster.rate != rate:
+            cluster.set_rate(rate)
+        return cluster
+
+    def on_cluster(self, cluster, ranks_per_node, script, *args, env=None, timeout=300,
+                   counters="link_bytes"):
+        """Runs ``python script args`` with ``ranks_per_node`` ranks on every
+        node of ``cluster``; returns (CompletedProcess, [(sent, received)]
+        bytes each of the cluster's ``counters`` (``link_bytes``: the
+        nodes' links, ``uplink_bytes``: the racks' uplinks) moved meanwhile)."""
+        from keras_ddl.cluster import MPI_ENV
+        argv = self.cluster_argv(cluster, ranks_per_node, script, *args)
+        read = getattr(cluster, counters)
+        before = read()
+        proc = self.command(argv, env=dict(MPI_ENV, **(env or {})), timeout=timeout)
+        after = read()
+        return proc, [(s1 - s0, r1 - r0) for (s0, r0), (s1, r1) in zip(before, after)]
+
+    # --- case scripts (tests/mpi/harness.py) -----------------------------------
+
+    @staticmethod
+    def parse_cases(proc):
+        """{case: {rank: result}} from the DDLCASE lines of a launch."""
+        results = {}
+        decoder = json.JSONDecoder()
+        text = proc.stdout
+        start = text.find("DDLCASE ")
+        while start >= 0:
+            # Lines of different ranks can interleave; each record is parsed
+            # from its marker to the end of its JSON object.
+            try:
+                r, end = decoder.raw_decode(text, start + len("DDLCASE "))
+                results.setdefault(r["case"], {})[r["rank"]] = r
+            except json.JSONDecodeError:
+                end = start + 1
+            start = text.find("DDLCASE ", end)
+        return results
+
+    def cases(self, nprocs, script, env=None, cases=(), timeout=400):
+        """A CaseRun of ``script`` on ``nprocs`` ranks (only ``cases`` if
+        given): one launch per (script, ranks, environment, cases) for the
+        session, shared by all the tests that read its cases."""
+        key = ("mpi", script, nprocs, tuple(sorted((env or {}).items())), tuple(cases))
+        if key not in self._case_runs:
+            proc = self.mpi(nprocs, script, *cases, env=env, timeout=timeout)
+            self._case_runs[key] = CaseRun(nprocs, proc)
+        return self._case_runs[key]
+
+    def cluster_cases(self, nodes, ranks_per_node, script, env=None, cases=(), rate="1gbit",
+                      timeout=400):
+        """``cases`` on the test cluster (shared like ``cases``): the CaseRun's
+        ``link_bytes`` holds what each node's link carried, and every rank
+        prints its traffic counters after the cases (``DDLTRAFFIC`` lines)."""
+        key = ("cluster", nodes, ranks_per_node, script, tuple(sorted((env or {}).items())),
+               tuple(cases), rate)
+        if key not in self._case_runs:
+            cluster = self.cluster(nodes, rate)
+            proc, moved = self.on_cluster(cluster, ranks_per_node, script, *cases,
+                                          env=dict(env or {}, DDL_TEST_REPORT_TRAFFIC="1"),
+                                          timeout=timeout)
+            self._case_runs[key] = CaseRun(ranks_per_node * cluster.nodes, proc, moved)
+        return self._case_runs[key]
+
+    def close(self):
+        for cluster in self._clusters.values():
+            cluster.down()
+        self._clusters.clear()
 
 
-def shared_launch(nprocs, script, env=None, cases=()):
-    """One launch per (script, ranks, environment, cases) for the session,
-    shared by all the tests that read its cases."""
-    key = (script, nprocs, tuple(sorted((env or {}).items())), tuple(cases))
-    if key not in _LAUNCHES:
-        _LAUNCHES[key] = CaseRun(nprocs, script, env=env, cases=cases)
-    return _LAUNCHES[key]
-
-
-def case_names(script):
-    """Names of the @case functions in a script, read without importing it."""
-    names, pending = [], False
-    with open(os.path.join(MPI_DIR, script)) as f:
-        for line in f:
-            if line.startswith("@case"):
-                pending = True
-            elif pending and line.startswith("def "):
-                names.append(line[4:line.index("(")])
-                pending = False
-    return names
-
-
-# --- the test cluster: network namespaces with shaped links ---------------
-
-_CLUSTERS = {}
-
-
-def netns_cluster(nodes, rate="1gbit"):
-    """A cluster of ``nodes`` namespaces for the session (built once, torn
-    down at exit); skips the test when this machine cannot build one."""
-    from keras_ddl.cluster import NetnsCluster, missing_requirements
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
-    cluster = _CLUSTERS.get(nodes)
-    if cluster is None:
-        cluster = _CLUSTERS[nodes] = NetnsCluster(nodes, rate).up()
-    if cluster.rate != rate:
-        cluster.set_rate(rate)
-    return cluster
-
-
-def pytest_sessionfinish(session, exitstatus):
-    for cluster in _CLUSTERS.values():
-        cluster.down()
-    _CLUSTERS.clear()
-
-
-def run_on_cluster(cluster, ranks_per_node, script, args=(), env=None, timeout=300):
-    """Runs ``python script args`` with ``ranks_per_node`` ranks on every
-    node of ``cluster``; returns (CompletedProcess, [(sent, received)] bytes
-    each node's link carried during the launch)."""
-    from keras_ddl.cluster import MPI_ENV
-    nprocs = ranks_per_node * cluster.nodes
-    argv = [mpiexec_path(), *cluster.mpiexec_args(ranks_per_node), "-n", str(nprocs),
-            sys.executable, script, *args]
-    before = cluster.link_bytes()
-    proc = _launch(argv, dict(MPI_ENV, **(env or {})), timeout)
-    after = cluster.link_bytes()
-    moved = [(s1 - s0, r1 - r0) for (s0, r0), (s1, r1) in zip(before, after)]
-    return proc, moved
-
-
-class ClusterCaseRun(CaseRun):
-    """A case script launched on the test cluster; ``link_bytes`` holds what
-    each node's link carried during the launch, and every rank prints its
-    traffic counters after the cases (``DDLTRAFFIC`` lines, tests/mpi/harness.py)."""
-
-    def __init__(self, cluster, ranks_per_node, script, env=None, timeout=400, cases=()):
-        self.nprocs = ranks_per_node * cluster.nodes
-        self.proc, self.link_bytes = run_on_cluster(
-            cluster, ranks_per_node, os.path.join(MPI_DIR, script), args=cases,
-            env=dict(env or {}, DDL_TEST_REPORT_TRAFFIC="1"), timeout=timeout)
-        self.results = parse_cases(self.proc)
-
-
-_CLUSTER_LAUNCHES = {}
-
-
-def shared_cluster_launch(nodes, ranks_per_node, script, env=None, cases=(), rate="1gbit"):
-    key = (nodes, ranks_per_node, script, tuple(sorted((env or {}).items())), tuple(cases), rate)
-    if key not in _CLUSTER_LAUNCHES:
-        cluster = netns_cluster(nodes, rate)
-        _CLUSTER_LAUNCHES[key] = ClusterCaseRun(cluster, ranks_per_node, script, env=env,
-                                                cases=cases)
-    return _CLUSTER_LAUNCHES[key]
+@pytest.fixture(scope="session")
+def launcher():
+    """The session's Launcher."""
+    launcher = Launcher()
+    yield launcher
+    launcher.close()

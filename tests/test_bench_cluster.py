@@ -3,16 +3,14 @@ namespace cluster, launches on it, and its table holds the link bound, the
 MPICH baseline and fp16 (real results: docs/PERFORMANCE.md)."""
 
 import json
-import subprocess
 import sys
 
 import pytest
-from conftest import TESTS_DIR, launch_env
 
 from keras_ddl.cluster import missing_requirements
 
 
-def test_allreduce_cluster_table(tmp_path):
+def test_allreduce_cluster_table(launcher, tmp_path):
     reason = missing_requirements()
     if reason:
         pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
@@ -20,8 +18,7 @@ def test_allreduce_cluster_table(tmp_path):
     argv = [sys.executable, "-m", "keras_ddl.bench", "allreduce", "--cluster", "2x1", "--rate",
             "100mbit", "--burst", "16k", "--sizes", "4096,1048576", "--reps", "1",
             "--algorithms", "auto", "--json", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=launch_env(),
-                          cwd=TESTS_DIR)
+    proc = launcher.command(argv, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert ("allreduce across 2 nodes x 1 rank(s), links 100mbit each way with a 16KB token "
             "bucket") in proc.stdout
@@ -40,7 +37,7 @@ def test_allreduce_cluster_table(tmp_path):
     assert rows[1]["mpi_us"] > 0.95 * rows[1]["bound_us"], rows[1]
 
 
-def test_fit_cluster_tables_and_timeline(tmp_path):
+def test_fit_cluster_tables_and_timeline(launcher, tmp_path):
     reason = missing_requirements()
     if reason:
         pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
@@ -48,8 +45,7 @@ def test_fit_cluster_tables_and_timeline(tmp_path):
     argv = [sys.executable, "-m", "keras_ddl.bench", "fit", "--cluster", "2", "--rate", "1gbit",
             "--model", "cnn", "--batch", "16", "--steps", "4", "--reps", "1", "--rounds", "1",
             "--json", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=launch_env(),
-                          cwd=TESTS_DIR)
+    proc = launcher.command(argv, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     layouts = [(r["overlap"], r["wire"]) for r in result["rows"]]

@@ -5,21 +5,16 @@ docs/PERFORMANCE.md, not in assertions."""
 
 import json
 import os
-import subprocess
 import sys
 
-from conftest import launch_env, mpiexec_path
 
-
-def test_fit_weak_scaling_table(tmp_path):
+def test_fit_weak_scaling_table(launcher, tmp_path):
     out = tmp_path / "fit.json"
     argv = [sys.executable, "-m", "keras_ddl.bench", "fit", "--scaling", "2", "--rounds", "1",
             "--reps", "1", "--steps", "3", "--batch", "4", "--json", str(out)]
-    env = launch_env()
     # the driver finds mpiexec beside the interpreter or on PATH
-    env["PATH"] = os.path.dirname(mpiexec_path()) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=env,
-                          cwd=tmp_path)
+    path = os.path.dirname(launcher.mpiexec()) + os.pathsep + os.environ.get("PATH", "")
+    proc = launcher.command(argv, env={"PATH": path}, timeout=400, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     header = ("model ranks batch_per_rank steps reps cores 1rank_ms 2rank_ms efficiency "
               "1rank_min 2rank_min efficiency_min 1rank_cpu 2rank_cpu efficiency_cpu "

@@ -2,19 +2,14 @@
 (Their real results live in docs/results/, rendered into docs/PERFORMANCE.md, not in assertions.)"""
 
 import json
-import subprocess
-import sys
-
-from conftest import launch_env, mpiexec_path
 
 
-def test_allreduce_benchmark_tables(tmp_path):
+def test_allreduce_benchmark_tables(launcher, tmp_path):
     out = tmp_path / "bench.json"
-    argv = [mpiexec_path(), "-n", "2", sys.executable, "-m", "keras_ddl.bench", "allreduce",
-            "--sizes", "4096,65536,1048580", "--reps", "1", "--gradient-tensors", "12",
-            "--json", str(out), "--plot", str(tmp_path / "busbw.png")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=launch_env(),
-                          cwd=tmp_path)
+    proc = launcher.mpi(2, "-m", "keras_ddl.bench", "allreduce",
+                        "--sizes", "4096,65536,1048580", "--reps", "1", "--gradient-tensors", "12",
+                        "--json", str(out), "--plot", str(tmp_path / "busbw.png"),
+                        timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     header = "size  count  type  redop  time_us  algbw_GBps  busbw_GBps  baseline_us  speedup  wrong"
     assert " ".join(header.split()) in " ".join(proc.stdout.split())
@@ -35,13 +30,11 @@ def test_allreduce_benchmark_tables(tmp_path):
     assert (tmp_path / "busbw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_all_runs_mwms_allreduce_and_fit(tmp_path):
+def test_bench_all_runs_mwms_allreduce_and_fit(launcher, tmp_path):
     # MWMS must create its strategy before any other TensorFlow op: `all`
     # runs it first, then the allreduce tables, then fit, in one launch.
-    argv = [mpiexec_path(), "-n", "2", sys.executable, "-m", "keras_ddl.bench", "all",
-            "--quick", "--json", str(tmp_path / "r")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=launch_env(),
-                          cwd=tmp_path)
+    proc = launcher.mpi(2, "-m", "keras_ddl.bench", "all", "--quick", "--json",
+                        str(tmp_path / "r"), timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     header = ("size count type redop ddl_us mwms_us ddl_busbw_GBps mwms_busbw_GBps speedup "
               "wrong")

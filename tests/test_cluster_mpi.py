@@ -8,16 +8,13 @@ where namespaces cannot be made: not root, or no ip / tc.
 """
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from conftest import (MPI_DIR, TESTS_DIR, case_names, launch_env, mpiexec_path, netns_cluster,
-                      run_on_cluster, shared_cluster_launch)
+from conftest import TESTS_DIR, case_names
 from fault_reports import PHASES, fault_reports
 
 SCRIPT = "collectives.py"
@@ -56,17 +53,17 @@ LAUNCHES = {
 }
 
 
-def launch(name):
+def launch(launcher, name):
     nodes, per_node, env, script, cases = LAUNCHES[name]
     # DDL_LOCAL_SIZE is not set: the nodes are found by MPI_COMM_TYPE_SHARED.
     env = dict(env, DDL_EXPECT_LOCAL_SIZE=str(per_node))
-    return shared_cluster_launch(nodes, per_node, script, env=env, cases=cases)
+    return launcher.cluster_cases(nodes, per_node, script, env=env, cases=cases)
 
 
 @pytest.mark.parametrize("launch_name, case",
                          [(n, c) for n, (_, _, _, _, cases) in LAUNCHES.items() for c in cases])
-def test_across_nodes(launch_name, case):
-    launch(launch_name).check(case)
+def test_across_nodes(launcher, launch_name, case):
+    launch(launcher, launch_name).check(case)
 
 
 def traffic_records(run):
@@ -75,8 +72,8 @@ def traffic_records(run):
 
 
 @pytest.mark.parametrize("launch_name", list(LAUNCHES))
-def test_cross_node_bytes_went_over_the_links(launch_name):
-    run = launch(launch_name)
+def test_cross_node_bytes_went_over_the_links(launcher, launch_name):
+    run = launch(launcher, launch_name)
     run.check_clean_exit()
     nodes, per_node, _, _, _ = LAUNCHES[launch_name]
     records = traffic_records(run)
@@ -111,17 +108,17 @@ def test_cross_node_bytes_went_over_the_links(launch_name):
 
 # --- a slow link is not a dead rank ---------------------------------------
 
-SLOW_SCRIPT = os.path.join(MPI_DIR, "cluster_transfers.py")
+SLOW_SCRIPT = "cluster_transfers.py"
 
 
-def test_256mb_broadcast_over_a_100mbit_link_completes():
+def test_256mb_broadcast_over_a_100mbit_link_completes(launcher):
     # About 21 s of transfer each way, with the default DDL_PEER_TIMEOUT_S
     # (15 s): progress is measured in pieces delivered, not elapsed time.
-    cluster = netns_cluster(2, "100mbit")
+    cluster = launcher.cluster(2, "100mbit")
     try:
         start = time.time()
-        proc, moved = run_on_cluster(cluster, 1, SLOW_SCRIPT, args=["broadcast_256mb"],
-                                     timeout=240)
+        proc, moved = launcher.on_cluster(cluster, 1, SLOW_SCRIPT, "broadcast_256mb",
+                                          timeout=240)
         elapsed = time.time() - start
     finally:
         cluster.set_rate("1gbit")
@@ -137,14 +134,12 @@ def test_256mb_broadcast_over_a_100mbit_link_completes():
 # Moving 64 MB allreduces, a cut mostly lands in a data transfer; idle, in
 # the engine's negotiation. Either way the report is the same.
 @pytest.mark.parametrize("activity", ["allreduce_forever", "idle_forever"])
-def test_cut_link_fails_every_rank_naming_the_unreachable_ones(activity):
-    cluster = netns_cluster(2, "1gbit")
+def test_cut_link_fails_every_rank_naming_the_unreachable_ones(launcher, activity):
+    cluster = launcher.cluster(2, "1gbit")
     timeout_s = 5
     nprocs = 4
-    argv = [mpiexec_path(), *cluster.mpiexec_args(2), "-n", str(nprocs), sys.executable,
-            SLOW_SCRIPT, activity]
-    from keras_ddl.cluster import MPI_ENV
-    env = launch_env(dict(MPI_ENV, DDL_PEER_TIMEOUT_S=str(timeout_s)))
+    argv = launcher.cluster_argv(cluster, 2, SLOW_SCRIPT, activity)  # nprocs: 2 a node
+    env = launcher.cluster_env({"DDL_PEER_TIMEOUT_S": str(timeout_s)})
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=TESTS_DIR)
     out, err = [], []
@@ -205,14 +200,12 @@ def test_cut_link_fails_every_rank_naming_the_unreachable_ones(activity):
 
 # --- two jobs at once on one machine --------------------------------------
 
-def test_two_jobs_at_once_do_not_share_memory_names():
-    cluster = netns_cluster(2, "1gbit")
-    from keras_ddl.cluster import MPI_ENV
-    argv = [mpiexec_path(), *cluster.mpiexec_args(2), "-n", "4", sys.executable, SLOW_SCRIPT,
-            "job_identity"]
+def test_two_jobs_at_once_do_not_share_memory_names(launcher):
+    cluster = launcher.cluster(2, "1gbit")
+    argv = launcher.cluster_argv(cluster, 2, SLOW_SCRIPT, "job_identity")  # 4 ranks
     procs = [subprocess.Popen(argv + [str(job)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=TESTS_DIR,
-                              env=launch_env(dict(MPI_ENV))) for job in (1, 2)]
+                              env=launcher.cluster_env()) for job in (1, 2)]
     outputs = [p.communicate(timeout=300) for p in procs]
     for job, (p, (out, err)) in enumerate(zip(procs, outputs), start=1):
         assert p.returncode == 0, err[-3000:]

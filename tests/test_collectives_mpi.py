@@ -5,20 +5,20 @@ case is reported here as its own test.
 """
 
 import pytest
-from conftest import case_names, shared_launch
+from conftest import case_names
 
 SCRIPT = "collectives.py"
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("name", case_names(SCRIPT))
-def test_case(nprocs, name):
-    shared_launch(nprocs, SCRIPT).check(name)
+def test_case(launcher, nprocs, name):
+    launcher.cases(nprocs, SCRIPT).check(name)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_launch_exits_cleanly(nprocs):
-    shared_launch(nprocs, SCRIPT).check_clean_exit()
+def test_launch_exits_cleanly(launcher, nprocs):
+    launcher.cases(nprocs, SCRIPT).check_clean_exit()
 
 
 # The allreduce cases again under each algorithm choice and topology:
@@ -51,6 +51,6 @@ TOPOLOGIES = {
 
 @pytest.mark.parametrize("topology, name", [(t, c) for t, (_, _, cases) in TOPOLOGIES.items()
                                             for c in cases])
-def test_allreduce_algorithms(topology, name):
+def test_allreduce_algorithms(launcher, topology, name):
     nprocs, env, cases = TOPOLOGIES[topology]
-    shared_launch(nprocs, SCRIPT, env=env, cases=cases).check(name)
+    launcher.cases(nprocs, SCRIPT, env=env, cases=cases).check(name)

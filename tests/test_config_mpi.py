@@ -1,7 +1,6 @@
 """Invalid DDL_* environment values: a clear error on every rank, no hang."""
 
 import pytest
-from conftest import shared_launch
 
 
 @pytest.mark.parametrize("name", [
@@ -10,8 +9,8 @@ from conftest import shared_launch
     "DDL_STALL_WARNING_S=nan", "DDL_STALL_TIMEOUT_S=-5", "DDL_CACHE_CAPACITY=many",
     "DDL_PEER_TIMEOUT_S=soon", "DDL_SPIN_POLLS=2.5", "DDL_TIMELINE=/nonexistent/dir/trace.json",
     "DDL_ENGINE_PRIORITY=max", "valid_after_fix", "engine_thread_priority"])
-def test_bad_value_fails_on_every_rank(name):
-    shared_launch(3, "bad_config.py").check(name)
+def test_bad_value_fails_on_every_rank(launcher, name):
+    launcher.cases(3, "bad_config.py").check(name)
 
 
 DIFFERING = ["differs:DDL_FUSION_THRESHOLD_MB", "differs:DDL_CACHE_CAPACITY",
@@ -21,7 +20,7 @@ DIFFERING = ["differs:DDL_FUSION_THRESHOLD_MB", "differs:DDL_CACHE_CAPACITY",
 
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("name", DIFFERING)
-def test_settings_that_differ_between_ranks_fail_on_every_rank(name, ranks):
+def test_settings_that_differ_between_ranks_fail_on_every_rank(launcher, name, ranks):
     """Only the last rank's value differs (rank 1 of 2, rank 2 of 3): every
     rank fails at init naming the setting and each rank's value."""
-    shared_launch(ranks, "differing_config.py").check(name)
+    launcher.cases(ranks, "differing_config.py").check(name)

@@ -2,42 +2,29 @@
 node2 get ddlrun's environment, output comes back as whole prefixed lines,
 and a rank killed on node2 is named by rank and host."""
 
-import os
 import re
-import subprocess
-import sys
-import time
 
-import pytest
-from conftest import MPI_DIR, TESTS_DIR, launch_env, netns_cluster
-
-SCRIPT = os.path.join(MPI_DIR, "ddlrun_probe.py")
+SCRIPT = "ddlrun_probe.py"
 LONG_LINES = 60
 
 
-def ddlrun(cluster, options, args, timeout=120):
+def ddlrun(launcher, cluster, options, args, timeout=120):
     from keras_ddl.cluster import MPI_ENV
-    argv = [sys.executable, "-m", "keras_ddl_launcher", "-np", "4",  # the ddlrun command
-            "-H", ",".join(f"{h}:2" for h in cluster.hosts),
-            "--launcher-exec", cluster.standin, "--iface", cluster.bridge, *options,
-            sys.executable, SCRIPT, *args]
-    env = launch_env(dict(MPI_ENV, DDLRUN_TEST_VAR="reached-remote"))
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
-                              cwd=TESTS_DIR)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"ddlrun did not finish in {timeout} s: {e.stdout!r:.3000} {e.stderr!r:.3000}")
-    proc.ended = time.time()
-    return proc
+    return launcher.ddlrun(4, SCRIPT, *args,
+                           options=["-H", ",".join(f"{h}:2" for h in cluster.hosts),
+                                    "--launcher-exec", cluster.standin, "--iface",
+                                    cluster.bridge, *options],
+                           env=dict(MPI_ENV, DDLRUN_TEST_VAR="reached-remote"),
+                           timeout=timeout, module="keras_ddl_launcher")  # the ddlrun command
 
 
 def output(proc):
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
-def test_remote_ranks_get_the_environment_and_print_whole_prefixed_lines():
-    cluster = netns_cluster(2)
-    proc = ddlrun(cluster, ["-l"], ["report", str(LONG_LINES)])
+def test_remote_ranks_get_the_environment_and_print_whole_prefixed_lines(launcher):
+    cluster = launcher.cluster(2)
+    proc = ddlrun(launcher, cluster, ["-l"], ["report", str(LONG_LINES)])
     assert proc.returncode == 0, output(proc)
     reports = {}
     long_lines = {rank: 0 for rank in range(4)}
@@ -59,9 +46,9 @@ def test_remote_ranks_get_the_environment_and_print_whole_prefixed_lines():
         assert f"[{rank}] rank {rank} done" in proc.stderr.splitlines(), output(proc)
 
 
-def test_rank_killed_on_the_second_host_is_named_with_its_host():
-    cluster = netns_cluster(2)
-    proc = ddlrun(cluster, ["--no-prefix-output"], ["kill"])
+def test_rank_killed_on_the_second_host_is_named_with_its_host(launcher):
+    cluster = launcher.cluster(2)
+    proc = ddlrun(launcher, cluster, ["--no-prefix-output"], ["kill"])
     assert proc.returncode != 0, output(proc)
     killed = re.search(r"^RANK 3 killed at ([\d.]+)$", proc.stdout, re.MULTILINE)
     assert killed, output(proc)

@@ -4,18 +4,16 @@ restarts have failed; a signal to ddlrun stops the job without a restart.
 Fast: the launched script uses mpi4py only (the TensorFlow restart case,
 resumed from BackupAndRestore, is in test_resume_mpi.py)."""
 
-import os
 import re
 import signal
 import subprocess
 import sys
 
 import pytest
-from conftest import MPI_DIR, launch_env
 
 from keras_ddl.runner import ddlrun
 
-PROBE = os.path.join(MPI_DIR, "restart_probe.py")
+PROBE = "restart_probe.py"
 DDLRUN = [sys.executable, "-m", "keras_ddl_launcher"]
 
 
@@ -38,11 +36,11 @@ def test_bad_restart_options_are_clear_errors(argv, words, capsys):
     assert words in capsys.readouterr().err
 
 
-def restarting(tmp_path, nprocs, mode, max_restarts, timeout=120):
-    argv = DDLRUN + ["-np", str(nprocs), "--max-restarts", str(max_restarts),
-                     "--restart-delay-s", "0.5", sys.executable, PROBE, mode, str(tmp_path)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env=launch_env(), cwd=tmp_path)
+def restarting(launcher, tmp_path, nprocs, mode, max_restarts, timeout=120):
+    return launcher.ddlrun(nprocs, PROBE, mode, str(tmp_path),
+                           options=["--max-restarts", str(max_restarts),
+                                    "--restart-delay-s", "0.5"],
+                           timeout=timeout, cwd=tmp_path, module="keras_ddl_launcher")
 
 
 def attempts(tmp_path):
@@ -59,8 +57,8 @@ def output(proc):
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
-def test_a_failed_rank_restarts_the_job_with_its_cause_printed(tmp_path):
-    proc = restarting(tmp_path, 3, "fail_first", 2)
+def test_a_failed_rank_restarts_the_job_with_its_cause_printed(launcher, tmp_path):
+    proc = restarting(launcher, tmp_path, 3, "fail_first", 2)
     assert proc.returncode == 0, output(proc)
     assert attempts(tmp_path) == {0: {0, 1, 2}, 1: {0, 1, 2}}, output(proc)
     assert sorted(re.findall(r"^\[(\d)\] RANK \d done in attempt 1$", proc.stdout, re.M)) == \
@@ -74,8 +72,8 @@ def test_a_failed_rank_restarts_the_job_with_its_cause_printed(tmp_path):
         output(proc)
 
 
-def test_gives_up_after_max_restarts_with_the_failure_exit(tmp_path):
-    proc = restarting(tmp_path, 2, "always_fail", 2)
+def test_gives_up_after_max_restarts_with_the_failure_exit(launcher, tmp_path):
+    proc = restarting(launcher, tmp_path, 2, "always_fail", 2)
     assert proc.returncode != 0, output(proc)
     assert attempts(tmp_path) == {0: {0, 1}, 1: {0, 1}, 2: {0, 1}}, output(proc)
     assert len(re.findall(r"^ddlrun: restart \d of at most 2: attempt \d failed .*rank 1 on "
@@ -87,11 +85,11 @@ def test_gives_up_after_max_restarts_with_the_failure_exit(tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_ddlrun_stops_the_job_without_a_restart(tmp_path, signum):
+def test_a_signal_to_ddlrun_stops_the_job_without_a_restart(launcher, tmp_path, signum):
     argv = DDLRUN + ["-np", "2", "--max-restarts", "3", "--restart-delay-s", "0.5",
-                     sys.executable, PROBE, "wait", str(tmp_path)]
+                     *launcher.python(PROBE, "wait", str(tmp_path))]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=launch_env(), cwd=tmp_path)
+                            env=launcher.env(), cwd=tmp_path)
     ready = [proc.stdout.readline() for _ in range(2)]
     assert sorted(ready) == ["[0] RANK 0 READY\n", "[1] RANK 1 READY\n"], ready
     proc.send_signal(signum)  # as Slurm (SIGTERM) or a Ctrl-C from another terminal (SIGINT)

@@ -14,8 +14,6 @@ import sys
 
 import pytest
 
-from conftest import launch_env
-
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(TESTS_DIR), "examples")
 sys.path.insert(0, TESTS_DIR)
@@ -27,30 +25,25 @@ TINY = ["--image-size", "32", "--num-classes", str(NUM_CLASSES), "--global-batch
         "--width-multiplier", "0.125"]
 
 
-def ddlrun(script, args, cwd, timeout=240):
-    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "2", "--no-prefix-output",
-            sys.executable, os.path.join(EXAMPLES, script), *args]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=launch_env(), cwd=cwd)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s\n{e.stdout}\n{e.stderr}")
-    assert proc.returncode == 0, (f"{' '.join(argv)} exited {proc.returncode}\n"
+def ddlrun(launcher, script, args, cwd, timeout=240):
+    proc = launcher.ddlrun(2, os.path.join(EXAMPLES, script), *args,
+                           options=["--no-prefix-output"], timeout=timeout, cwd=cwd)
+    assert proc.returncode == 0, (f"{' '.join(proc.args)} exited {proc.returncode}\n"
                                   f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}")
     return proc.stdout
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def records(launcher, tmp_path_factory):
     tree = tmp_path_factory.mktemp("tree")
     out = tmp_path_factory.mktemp("records")
     write_image_tree(str(tree), NUM_CLASSES, per_class=4, size=(36, 44))
     convert = [sys.executable, os.path.join(EXAMPLES, "convert_image_folder.py"),
                "--input-dir", str(tree), "--output-dir", str(out), "--num-shards", "2"]
-    subprocess.run(convert, check=True, capture_output=True, env=launch_env())
+    subprocess.run(convert, check=True, capture_output=True, env=launcher.env())
     # The held-out split the examples evaluate (the same images: a smoke test).
     subprocess.run(convert + ["--split", "validation", "--labels", str(out / "labels.txt")],
-                   check=True, capture_output=True, env=launch_env())
+                   check=True, capture_output=True, env=launcher.env())
     assert sorted(os.listdir(out)) == ["labels.txt", "train-00000-of-00002",
                                        "train-00001-of-00002", "validation-00000-of-00002",
                                        "validation-00001-of-00002"]
@@ -69,13 +62,13 @@ def lines(stdout, tag):
     ("resnet50_imagenet1k.py", "sgd", "optimizer"),
     ("resnet101_imagenet22k.py", "lars", "strategy"),
 ])
-def test_resnet_example_train_checkpoint_resume(script, optimizer, distribution, records,
-                                                tmp_path):
+def test_resnet_example_train_checkpoint_resume(launcher, script, optimizer, distribution,
+                                                records, tmp_path):
     ckpt = tmp_path / "ckpt"
     common = ["--data-dir", records, "--checkpoint-dir", str(ckpt), "--optimizer", optimizer,
               "--distribution", distribution, *TINY]
 
-    out = ddlrun(script, common + ["--epochs", "1"], cwd=str(tmp_path))
+    out = ddlrun(launcher, script, common + ["--epochs", "1"], cwd=str(tmp_path))
     epochs = lines(out, "EPOCH")
     assert len(epochs) == 1, out
     assert math.isfinite(float(epochs[0]["loss"])), out
@@ -87,7 +80,7 @@ def test_resnet_example_train_checkpoint_resume(script, optimizer, distribution,
     assert sorted(os.listdir(ckpt)) == ["ckpt-0001.npz"]                   # no temp files left
     first_mtime = os.stat(ckpt / "ckpt-0001.npz").st_mtime_ns
 
-    out2 = ddlrun(script, common + ["--epochs", "2", "--resume"], cwd=str(tmp_path))
+    out2 = ddlrun(launcher, script, common + ["--epochs", "2", "--resume"], cwd=str(tmp_path))
     resumed = lines(out2, "RESUMED")
     assert len(resumed) == 1, out2
     assert resumed[0]["epoch"] == "1" and resumed[0]["iterations"] == "2"
@@ -103,17 +96,17 @@ def test_resnet_example_train_checkpoint_resume(script, optimizer, distribution,
     assert os.stat(ckpt / "ckpt-0001.npz").st_mtime_ns == first_mtime
 
 
-def test_missing_eval_split_is_named(records, tmp_path):
+def test_missing_eval_split_is_named(launcher, records, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, "resnet50_imagenet1k.py"),
                            "--data-dir", records, "--eval-split", "heldout", *TINY],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                          env=launch_env())
+                          env=launcher.env())
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--eval-split heldout: no heldout-* files" in proc.stderr
 
 
-def test_quickstart(tmp_path):
-    out = ddlrun("quickstart.py", ["--epochs", "2", "--checkpoint", "model.keras"],
+def test_quickstart(launcher, tmp_path):
+    out = ddlrun(launcher, "quickstart.py", ["--epochs", "2", "--checkpoint", "model.keras"],
                  cwd=str(tmp_path))
     result = lines(out, "QUICKSTART")
     assert len(result) == 1, out

@@ -1,23 +1,13 @@
 """Nothing hangs: a hung or killed rank, or a rank skipping a collective,
 ends the job with an error that names the rank (and the tensor)."""
 
-import os
 import re
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import MPI_DIR, TESTS_DIR, launch_env, run_mpi
 from fault_reports import PHASES, fault_reports
 
-SCRIPT = os.path.join(MPI_DIR, "failures.py")
-
-
-def launch(mode, env):
-    start = time.time()
-    proc = run_mpi(3, SCRIPT, args=[mode], env=env, timeout=240)
-    return proc, time.time() - start
+SCRIPT = "failures.py"
 
 
 def errors(proc):
@@ -26,13 +16,13 @@ def errors(proc):
 
 
 @pytest.mark.parametrize("mode, state", [("hang", "stopped"), ("vanish", "gone")])
-def test_stopped_or_vanished_rank_is_diagnosed_by_every_live_rank(mode, state):
+def test_stopped_or_vanished_rank_is_diagnosed_by_every_live_rank(launcher, mode, state):
     # Rank 1 stops (SIGSTOP) or ends with exit code 0, which the launcher
     # does not act on. Every live rank, in whichever phase it noticed,
     # prints the same diagnosis naming rank 1, its host and what became of
     # it, then ends its process with exit code 70 (a Python error would
     # leave the failed collective's messages posted into freed memory).
-    proc, elapsed = launch(mode, {"DDL_PEER_TIMEOUT_S": "5"})
+    proc = launcher.mpi(3, SCRIPT, mode, env={"DDL_PEER_TIMEOUT_S": "5"}, timeout=240)
     assert proc.returncode != 0
     assert f"RANK 1 {'stopping' if mode == 'hang' else 'vanishing'}" in proc.stdout
     reports = fault_reports(proc.stderr)
@@ -45,13 +35,11 @@ def test_stopped_or_vanished_rank_is_diagnosed_by_every_live_rank(mode, state):
 
 
 @pytest.mark.parametrize("how", ["kill", "exit", "raise"])
-def test_dead_rank_ends_the_job_and_ddlrun_names_it(how):
+def test_dead_rank_ends_the_job_and_ddlrun_names_it(launcher, how):
     # Through ddlrun: MPICH's launcher reports a dead rank by a PID only
     # (not always the first to die); ddlrun names the rank.
-    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "3", "--no-prefix-output", sys.executable,
-            SCRIPT, how]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240,
-                          env=launch_env({"DDL_PEER_TIMEOUT_S": "5"}), cwd=TESTS_DIR)
+    proc = launcher.ddlrun(3, SCRIPT, how, options=["--no-prefix-output"],
+                           env={"DDL_PEER_TIMEOUT_S": "5"}, timeout=240)
     ended = time.time()
     assert proc.returncode != 0
     died = re.search(rf"^RANK 1 dies \({how}\) at ([\d.]+)$", proc.stdout, re.MULTILINE)
@@ -70,8 +58,9 @@ def test_dead_rank_ends_the_job_and_ddlrun_names_it(how):
                          r"first", proc.stderr, re.MULTILINE), proc.stderr[-3000:]
 
 
-def test_skipped_collective_warns_then_fails_every_rank():
-    proc, elapsed = launch("stall", {"DDL_STALL_WARNING_S": "1", "DDL_STALL_TIMEOUT_S": "4"})
+def test_skipped_collective_warns_then_fails_every_rank(launcher):
+    proc = launcher.mpi(3, SCRIPT, "stall",
+                        env={"DDL_STALL_WARNING_S": "1", "DDL_STALL_TIMEOUT_S": "4"}, timeout=240)
     assert proc.returncode != 0
     warning = re.search(r"stall warning \(rank 0\).*?'skipped\.by\.rank1' waiting \d+ s for "
                         r"ranks \[1\]", proc.stderr, re.DOTALL)

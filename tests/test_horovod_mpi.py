@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import TESTS_DIR, case_names, run_mpi, shared_launch
+from conftest import TESTS_DIR, case_names
 
 SCRIPT = "horovod_cases.py"
 EXAMPLES = os.path.join(os.path.dirname(TESTS_DIR), "examples")
@@ -16,22 +16,22 @@ EXAMPLES = os.path.join(os.path.dirname(TESTS_DIR), "examples")
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("name", case_names(SCRIPT))
-def test_case(nprocs, name):
-    shared_launch(nprocs, SCRIPT).check(name)
+def test_case(launcher, nprocs, name):
+    launcher.cases(nprocs, SCRIPT).check(name)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_launch_exits_cleanly(nprocs):
-    shared_launch(nprocs, SCRIPT).check_clean_exit()
+def test_launch_exits_cleanly(launcher, nprocs):
+    launcher.cases(nprocs, SCRIPT).check_clean_exit()
 
 
-def test_horovod_style_script_trains_like_keras_ddl_api(tmp_path):
+def test_horovod_style_script_trains_like_keras_ddl_api(launcher, tmp_path):
     """The same training, written against Horovod's Keras API (only the
     import changed) and against keras_ddl's, gives the same final weights."""
     finals = {}
     for script in ("horovod_keras_mnist_style.py", "ddl_keras_mnist_style.py"):
         out = tmp_path / script.split("_")[0]
-        proc = run_mpi(2, os.path.join(EXAMPLES, script), args=[str(out)], timeout=300)
+        proc = launcher.mpi(2, os.path.join(EXAMPLES, script), str(out), timeout=300)
         assert proc.returncode == 0, f"{script}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
         checkpoints = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint"))
         assert checkpoints == ["checkpoint-1.weights.h5", "checkpoint-2.weights.h5"], checkpoints

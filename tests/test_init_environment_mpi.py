@@ -4,8 +4,6 @@ settings mapped to their DDL_* twins or named in a warning by rank 0 only
 
 import pytest
 
-from conftest import shared_launch
-
 HOROVOD_ENV = {
     "HOROVOD_FUSION_THRESHOLD": str(32 << 20),          # bytes -> 32 MB
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
@@ -20,6 +18,6 @@ CASES = ["bad_horovod_value_is_named", "horovod_settings_mapped",
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_init_environment(name):
-    run = shared_launch(2, "init_environment.py", env=HOROVOD_ENV)
+def test_init_environment(launcher, name):
+    run = launcher.cases(2, "init_environment.py", env=HOROVOD_ENV)
     run.check(name)

@@ -6,17 +6,17 @@ each case is reported here as its own test.
 """
 
 import pytest
-from conftest import case_names, shared_launch
+from conftest import case_names
 
 SCRIPT = "keras_cases.py"
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("name", case_names(SCRIPT))
-def test_case(nprocs, name):
-    shared_launch(nprocs, SCRIPT).check(name)
+def test_case(launcher, nprocs, name):
+    launcher.cases(nprocs, SCRIPT).check(name)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_launch_exits_cleanly(nprocs):
-    shared_launch(nprocs, SCRIPT).check_clean_exit()
+def test_launch_exits_cleanly(launcher, nprocs):
+    launcher.cases(nprocs, SCRIPT).check_clean_exit()

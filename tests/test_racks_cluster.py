@@ -7,38 +7,32 @@ schedule over the 4 nodes would send about 1.75x that (pairwise
 reduce-scatter: half of every buffer; ring all-gather: three quarters)."""
 
 import json
-import os
 import re
-import sys
 
 import pytest
-from conftest import MPI_DIR, _launch, mpiexec_path, parse_cases
 
 CASES = ["racks_learnt_from_slurm", "results_in_rack_order_on_every_rank", "three_16mb_allreduces"]
 _RUN = {}
 
 
-def racks_run():
+def racks_run(launcher):
     if "run" in _RUN:
         return _RUN["run"]
-    from keras_ddl.cluster import MPI_ENV, NetnsCluster, missing_requirements
+    from keras_ddl.cluster import NetnsCluster, missing_requirements
     reason = missing_requirements()
     if reason:
         pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
-    with NetnsCluster(2, "400mbit", racks=2, uplink="100mbit") as cluster:
-        argv = [mpiexec_path(), *cluster.mpiexec_args(1), "-n", "4", sys.executable,
-                os.path.join(MPI_DIR, "racks_cluster_job.py")]
-        before = cluster.uplink_bytes()
-        proc = _launch(argv, dict(MPI_ENV, DDL_TEST_REPORT_TRAFFIC="1"), 400)
-        after = cluster.uplink_bytes()
-    uplinks = [(o1 - o0, i1 - i0) for (o0, i0), (o1, i1) in zip(before, after)]
-    _RUN["run"] = (proc, parse_cases(proc), uplinks)
+    with NetnsCluster(2, "400mbit", racks=2, uplink="100mbit") as cluster:  # 4 nodes
+        proc, uplinks = launcher.on_cluster(cluster, 1, "racks_cluster_job.py",
+                                            env={"DDL_TEST_REPORT_TRAFFIC": "1"}, timeout=400,
+                                            counters="uplink_bytes")
+    _RUN["run"] = (proc, launcher.parse_cases(proc), uplinks)
     return _RUN["run"]
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_racks_on_the_cluster(name):
-    proc, results, _ = racks_run()
+def test_racks_on_the_cluster(launcher, name):
+    proc, results, _ = racks_run(launcher)
     per_rank = results.get(name)
     assert per_rank is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(per_rank) == [0, 1, 2, 3], per_rank
@@ -46,8 +40,8 @@ def test_racks_on_the_cluster(name):
     assert not failures, "\n".join(failures)
 
 
-def test_uplinks_carried_what_the_rack_allreduce_sends_across():
-    proc, _, uplinks = racks_run()
+def test_uplinks_carried_what_the_rack_allreduce_sends_across(launcher):
+    proc, _, uplinks = racks_run(launcher)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(m.group(1)) for m in re.finditer(r"^DDLTRAFFIC (.*)$", proc.stdout,
                                                            re.MULTILINE)]

@@ -5,12 +5,11 @@ and fused calls, with one and with two local ranks; and the errors every
 rank gets when ranks disagree about the topology or it cannot be used."""
 
 import pytest
-from conftest import shared_launch
 
 
 @pytest.mark.parametrize("name", [
     "ranks_without_topology", "one_node_in_two_racks", "malformed_ddl_topology_on_one_rank",
     "racks_refused_for_uneven_racks", "topology_from_slurm", "rack_order_one_rank_per_node",
     "racks_with_two_local_ranks"])
-def test_racks_on_one_machine(name):
-    shared_launch(4, "racks_job.py").check(name)
+def test_racks_on_one_machine(launcher, name):
+    launcher.cases(4, "racks_job.py").check(name)

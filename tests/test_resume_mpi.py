@@ -6,24 +6,17 @@ ranks, ddlrun --max-restarts does the restart itself."""
 import glob
 import os
 import re
-import subprocess
-import sys
-import time
 
 import numpy as np
-from conftest import MPI_DIR, TESTS_DIR, launch_env
 
-SCRIPT = os.path.join(MPI_DIR, "resume_job.py")
+SCRIPT = "resume_job.py"
 
 
-def launch(mode, backup_dir, nprocs=3, options=()):
+def launch(launcher, mode, backup_dir, nprocs=3, options=()):
     # through ddlrun, which names the rank that died first
-    argv = [sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", str(nprocs),
-            "--no-prefix-output", *options, sys.executable, SCRIPT, mode, str(backup_dir)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env=launch_env({"DDL_PEER_TIMEOUT_S": "5"}), cwd=TESTS_DIR)
-    proc.ended = time.time()
-    return proc
+    return launcher.ddlrun(nprocs, SCRIPT, mode, str(backup_dir),
+                           options=["--no-prefix-output", *options],
+                           env={"DDL_PEER_TIMEOUT_S": "5"}, timeout=300)
 
 
 def lines(proc, what):
@@ -57,9 +50,9 @@ def backups(directory):
                   glob.glob(os.path.join(directory, ".partial-*")))
 
 
-def test_killed_twice_then_resumed_equals_uninterrupted(tmp_path):
+def test_killed_twice_then_resumed_equals_uninterrupted(launcher, tmp_path):
     steps_per_epoch, epochs = 4, 3
-    straight = launch("full", tmp_path / "straight" / "backup")
+    straight = launch(launcher, "full", tmp_path / "straight" / "backup")
     assert straight.returncode == 0, output(straight)
     assert restored(straight) == (0, 0)
     digest, iterations = finals(straight)
@@ -68,7 +61,7 @@ def test_killed_twice_then_resumed_equals_uninterrupted(tmp_path):
 
     # Run 1: rank 1 is killed in the middle of epoch 2; only epoch 1 was backed up.
     directory = tmp_path / "interrupted" / "backup"
-    killed = launch("kill", directory)
+    killed = launch(launcher, "kill", directory)
     assert killed.returncode != 0
     died = re.search(r"^RANK 1 killed at ([\d.]+)$", killed.stdout, re.MULTILINE)
     assert died and "FINAL" not in killed.stdout, output(killed)
@@ -79,7 +72,7 @@ def test_killed_twice_then_resumed_equals_uninterrupted(tmp_path):
 
     # Run 2: resumes after epoch 1, trains epoch 2, and rank 0 dies while
     # writing its backup: a half-written partial directory is left behind.
-    killed_saving = launch("killsave", directory)
+    killed_saving = launch(launcher, "killsave", directory)
     assert killed_saving.returncode != 0
     assert restored(killed_saving) == (1, steps_per_epoch), output(killed_saving)
     assert "RANK 0 killed while saving" in killed_saving.stdout, output(killed_saving)
@@ -88,7 +81,7 @@ def test_killed_twice_then_resumed_equals_uninterrupted(tmp_path):
         left[1:] == ["epoch-000001"], left
 
     # Run 3: the partial backup is ignored (then removed), epoch 1's loads.
-    resumed = launch("full", directory)
+    resumed = launch(launcher, "full", directory)
     assert resumed.returncode == 0, output(resumed)
     assert restored(resumed) == (1, steps_per_epoch)
     assert "removes" in resumed.stderr and ".partial-epoch-000002" in resumed.stderr
@@ -100,18 +93,19 @@ def test_killed_twice_then_resumed_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(a[key], b[key])
 
     # A finished run restarted trains nothing more and keeps its state.
-    again = launch("full", directory)
+    again = launch(launcher, "full", directory)
     assert again.returncode == 0, output(again)
     assert restored(again) == (epochs, steps_per_epoch * epochs)
     assert finals(again) == (digest, iterations)
 
 
-def test_ddlrun_max_restarts_resumes_a_killed_job_to_the_uninterrupted_weights(tmp_path):
-    straight = launch("full", tmp_path / "straight" / "backup", nprocs=2)
+def test_ddlrun_max_restarts_resumes_a_killed_job_to_the_uninterrupted_weights(launcher,
+                                                                                  tmp_path):
+    straight = launch(launcher, "full", tmp_path / "straight" / "backup", nprocs=2)
     assert straight.returncode == 0, output(straight)
     # Rank 1 kills itself mid-way through epoch 2 of the first attempt only;
     # ddlrun relaunches, and the job resumes from the backup of epoch 1.
-    restarted = launch("killonce", tmp_path / "restarted" / "backup", nprocs=2,
+    restarted = launch(launcher, "killonce", tmp_path / "restarted" / "backup", nprocs=2,
                        options=["--max-restarts", "1", "--restart-delay-s", "1"])
     assert restarted.returncode == 0, output(restarted)
     assert re.search(r"^RANK 1 killed at [\d.]+$", restarted.stdout, re.MULTILINE), \

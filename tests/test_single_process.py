@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_ddl as ddl
-from keras_ddl import basics, ops
+from keras_ddl import basics, op_library, ops
 
 
 def test_world_of_one_without_launcher():
@@ -53,7 +53,7 @@ def test_shutdown_then_use_raises_then_reinit():
 
 
 def test_op_library_for_another_tensorflow_says_how_to_rebuild(monkeypatch):
-    monkeypatch.setattr(ops, "_lib", None)
+    monkeypatch.setattr(op_library, "_lib", None)  # the cached library
     monkeypatch.setattr(basics, "build_info", lambda: {"tensorflow": "2.15.0"})
     with pytest.raises(ImportError) as info:
         ops.op_library()

@@ -2,10 +2,8 @@
 reduced tensor, loadable even after the job is killed."""
 
 import json
-import os
 
 import pytest
-from conftest import MPI_DIR, run_mpi
 
 # With room in the node's result pool (the default) the owners write one
 # shared result instead of every rank copying all slices out.
@@ -17,10 +15,10 @@ FLAT_PHASES = ["NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "DIRECT_EXCH
 
 
 @pytest.fixture(scope="module")
-def timelines(tmp_path_factory):
+def timelines(launcher, tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline")
-    proc = run_mpi(2, os.path.join(MPI_DIR, "timeline_job.py"), args=[str(out)], timeout=240,
-                   env={"DDL_STALL_TIMEOUT_S": "20"})
+    proc = launcher.mpi(2, "timeline_job.py", str(out), timeout=240,
+                        env={"DDL_STALL_TIMEOUT_S": "20"})
     assert proc.returncode != 0, "rank 0 was killed: the launch must fail"
     files = {}
     for name in ("auto", "flat", "killed"):

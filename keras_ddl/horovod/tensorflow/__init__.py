@@ -16,7 +16,7 @@ import tensorflow as tf
 import keras_ddl as ddl
 from keras_ddl.basics import (cross_rank, cross_size, is_initialized, local_rank,  # noqa: F401
                               local_size, rank, shutdown, size)
-from keras_ddl.ops import Average, Max, Min, Product, Sum  # noqa: F401
+from keras_ddl.op_arguments import Average, Max, Min, Product, Sum  # noqa: F401
 from keras_ddl.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F401
@@ -174,7 +174,7 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
 def _group_name(name, kind, process_set):
     """The name of a group of collectives (`name`, or the next unnamed one
     of `process_set`, numbered apart from other sets')."""
-    return ddl.ops.auto_name(name, kind, ddl.process_sets.set_id(process_set, kind))
+    return ddl.op_naming.auto_name(name, kind, ddl.process_sets.set_id(process_set, kind))
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):

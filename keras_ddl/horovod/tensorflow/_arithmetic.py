@@ -14,7 +14,8 @@ import tensorflow as tf
 
 import keras_ddl as ddl
 from keras_ddl import basics, process_sets
-from keras_ddl.ops import Average, Sum, auto_name
+from keras_ddl.op_arguments import Average, Sum
+from keras_ddl.op_naming import auto_name
 
 
 def as_attr(factor, argument):

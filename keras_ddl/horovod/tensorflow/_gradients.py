@@ -16,7 +16,8 @@ import tensorflow as tf
 
 import keras_ddl as ddl
 from keras_ddl import process_sets
-from keras_ddl.ops import Average, Sum, auto_name
+from keras_ddl.op_arguments import Average, Sum
+from keras_ddl.op_naming import auto_name
 
 from . import _arithmetic
 
