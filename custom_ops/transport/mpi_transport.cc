@@ -111,6 +111,16 @@ bool MpiTransport::Test(Handle handle) {
   return done != 0;
 }
 
+int64_t MpiTransport::Probe(int peer, int tag) {
+  int arrived = 0;
+  MPI_Status status;
+  Check(MPI_Iprobe(peer, tag, comm_, &arrived, &status), "MPI_Iprobe");
+  if (!arrived) return -1;
+  int bytes = 0;
+  Check(MPI_Get_count(&status, MPI_BYTE, &bytes), "MPI_Get_count");
+  return bytes;
+}
+
 std::vector<int> MpiTransport::PendingPeers() const {
   std::vector<int> peers;
   for (int p : peers_) {
