@@ -207,6 +207,9 @@ std::vector<std::vector<char>> MpiTransport::GatherBytes(const std::vector<char>
     displs[i] = static_cast<int>(total);
     total += counts[i];
   }
+  // The displacements are ints too (the negotiation's names never come
+  // near this; a clear error rather than a wrapped offset if they did).
+  if (rank_ == root) CheckedCount(static_cast<size_t>(total), "gather");
   std::vector<char> all(static_cast<size_t>(total));
   Check(MPI_Igatherv(mine.data(), my_count, MPI_BYTE, all.data(), counts.data(), displs.data(),
                      MPI_BYTE, root, comm_, &request),
