@@ -65,8 +65,11 @@ def add_process_set(process_set):
         The registered ``ProcessSet``.
 
     Raises:
-        ValueError on every rank, naming the problem, when a
-        rank is outside the job, or the ranks differ between ranks.
+        ValueError on every rank, naming the problem, when a rank is outside
+        the job, the ranks differ between ranks, the set fails to build on
+        some rank, or a rank does not call within ``DDL_PEER_TIMEOUT_S``
+        (naming it and the set's ranks; after that, later calls are refused).
+        Calls from several threads run one at a time.
     """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)

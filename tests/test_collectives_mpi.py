@@ -31,6 +31,7 @@ ALLREDUCE_CASES = [
     "allreduce_every_dtype_op_and_length", "allreduce_scalars_empty_and_shapes",
     "allreduce_is_bitwise_identical_on_every_rank", "grouped_allreduce_200_tensors_mixed",
     "out_of_order_submission_in_tf_function", "compression_fp16_and_bf16",
+    "compressed_average_near_fp16_max_stays_finite",
     "sum_order_is_fixed_whatever_the_fusion"]
 # (ranks, environment, cases): the two topologies that only check the
 # automatic choice run the quick cases.

@@ -159,3 +159,16 @@ def test_engine_on_threads_as_ranks(tmp_path):
     joins; works taken by a cycle that throws are failed; shutdown in the
     middle of a cycle; the stall verdict; a silent rank (peer timeout)."""
     assert_no_failures(build_and_run("engine_check.cc", engine_sources(), tmp_path))
+
+
+def test_process_set_setup_agreement_on_threads_as_ranks(tmp_path):
+    """add_process_set's agreement through rank 0 (engine/set_setup.h): a
+    rank that never calls is named on every other rank within the timeout
+    (rank 0 missing: within twice it), differing lists and a build that
+    fails on one rank are errors on every rank, a late caller reads the
+    verdict at once."""
+    proc = build_and_run("set_setup_check.cc", ["engine/set_setup.cc", "common/types.cc"],
+                         tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.endswith(" 0 failures") and int(last.split()[0]) >= 35, proc.stdout

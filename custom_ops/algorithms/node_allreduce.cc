@@ -11,7 +11,9 @@
 namespace ddl {
 
 void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType wire,
-                        ReduceOp op, NodePhaseTimes* times, const SharedResult* into) {
+                        ReduceOp op, NodePhaseTimes* times, const SharedResult* into,
+                        int divisor) {
+  if (divisor <= 0) divisor = world_size_;
   NodePhaseTimes local_times;
   NodePhaseTimes& t = times ? *times : local_times;
   PhaseClock clock;
@@ -26,9 +28,11 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
     clock.Lap(t.copy_in);
     char* mine = ReduceOwnSlice(walker, c, dtype, op);
     clock.Lap(t.reduce_scatter);
-    CrossNode(mine, c.slice[arena_.rank()], dtype, wire, op);
+    const bool divided = CrossNode(mine, c.slice[arena_.rank()], dtype, wire, op, divisor);
     clock.Lap(t.cross_node);
-    if (op == ReduceOp::kAverage) DivideBy(mine, c.slice[arena_.rank()], dtype, world_size_);
+    if (op == ReduceOp::kAverage && !divided) {
+      DivideBy(mine, c.slice[arena_.rank()], dtype, divisor);
+    }
     traffic_.intra_node_bytes += 2 * c.count * elem;
     if (into != nullptr) {
       WriteOwnSlice(walker, c, mine, *into);
@@ -104,12 +108,15 @@ char* NodeAllreduce::ReduceOwnSlice(const SpanWalker& walker, const Chunk& c, Da
   return mine;
 }
 
-void NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataType wire,
-                              ReduceOp op) {
+bool NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataType wire,
+                              ReduceOp op, int divisor) {
   const bool across = racks_ ? grid_.all->size() > 1 : cross_ != nullptr && cross_->size() > 1;
-  if (!across || count == 0) return;
-  // Across nodes the slice is summed first and divided once at the end.
+  if (!across || count == 0) return false;
+  // Across nodes the slice is summed, and divided once for Average: at the
+  // end in the slice's own dtype, or, over a 16-bit wire, as the node sum
+  // is converted (a node sum of float16-sized values can exceed 65504).
   const ReduceOp cross_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  const bool divide_first = op == ReduceOp::kAverage && wire != dtype;
   // In another wire dtype the slice is converted per chunk, so while this
   // rank converts, the other local ranks' slices are on the network.
   const size_t wire_bytes = count * DataTypeSize(wire);
@@ -117,7 +124,11 @@ void NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataTyp
   if (wire != dtype) {
     if (wire_slice_.size() < wire_bytes) wire_slice_.resize(wire_bytes);
     sent = wire_slice_.data();
-    Convert(sent, wire, mine, dtype, count);
+    if (divide_first) {
+      ConvertDivided(sent, wire, mine, dtype, count, divisor);
+    } else {
+      Convert(sent, wire, mine, dtype, count);
+    }
   }
   if (racks_) {
     // Pieces of an eighth of the slice keep the schedule's four stages
@@ -129,6 +140,7 @@ void NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataTyp
   }
   if (wire != dtype) Convert(mine, dtype, sent, wire, count);
   traffic_.cross_node_bytes += wire_bytes;
+  return divide_first;
 }
 
 void NodeAllreduce::WriteOwnSlice(const SpanWalker& walker, const Chunk& c, const char* mine,

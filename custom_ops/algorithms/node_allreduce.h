@@ -68,8 +68,14 @@ class NodeAllreduce {
   // the grid's transports must outlive this object.
   void UseRacks(const RackGrid& grid) { grid_ = grid; racks_ = true; }
 
+  // Average divides by `divisor` (0: the world size; the engine passes the
+  // ranks still active while some have joined). Over a 16-bit wire the
+  // node's float32 sum is divided as it is converted, before the cross-node
+  // sum (ConvertDivided), so that sum cannot overflow where the float32
+  // average would not.
   void Run(const std::vector<Span>& spans, DataType dtype, DataType wire, ReduceOp op,
-           NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr);
+           NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr,
+           int divisor = 0);
 
  private:
   // One chunk of a call: at most one slot, split into one slice per local
@@ -85,7 +91,9 @@ class NodeAllreduce {
   void CopyIn(const SpanWalker& walker, const Chunk& c);
   // Returns this rank's reduced slice, in its slot.
   char* ReduceOwnSlice(const SpanWalker& walker, const Chunk& c, DataType dtype, ReduceOp op);
-  void CrossNode(char* mine, int64_t count, DataType dtype, DataType wire, ReduceOp op);
+  // True if it divided `mine` for Average (on the way to a 16-bit wire).
+  bool CrossNode(char* mine, int64_t count, DataType dtype, DataType wire, ReduceOp op,
+                 int divisor);
   void WriteOwnSlice(const SpanWalker& walker, const Chunk& c, const char* mine,
                      const SharedResult& into);
   void CopyOut(const SpanWalker& walker, const Chunk& c);

@@ -190,6 +190,19 @@ __attribute__((target("avx,f16c"))) void FloatsToHalf8(uint16_t* dst, const floa
   for (; i < count; ++i) dst[i] = FloatToHalf(src[i]);
 }
 
+// FloatsToHalf8 of src[i] * scale (the product rounded to float first).
+__attribute__((target("avx,f16c"))) void ScaledFloatsToHalf8(uint16_t* dst, const float* src,
+                                                             int64_t count, float scale) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), s),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < count; ++i) dst[i] = FloatToHalf(src[i] * scale);
+}
+
 __attribute__((target("avx,f16c"))) void HalfsToFloat8(float* dst, const uint16_t* src,
                                                        int64_t count) {
   int64_t i = 0;
@@ -204,6 +217,11 @@ __attribute__((target("avx,f16c"))) void HalfsToFloat8(float* dst, const uint16_
 template <uint16_t (*FromFloat)(float)>
 void FloatsTo16(uint16_t* dst, const float* src, int64_t count) {
   for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(src[i]);
+}
+
+template <uint16_t (*FromFloat)(float)>
+void ScaledFloatsTo16(uint16_t* dst, const float* src, int64_t count, float scale) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(src[i] * scale);
 }
 
 template <float (*ToFloat)(uint16_t)>
@@ -295,6 +313,24 @@ bool Convert(void* dst, DataType to, const void* src, DataType from, int64_t cou
   }
   if (from == DataType::kBFloat16 && to == DataType::kFloat32) {
     return FloatsFrom16<BFloat16ToFloat>(f32_out, u16_in, count), true;
+  }
+  return false;
+}
+
+bool ConvertDivided(void* dst, DataType to, const void* src, DataType from, int64_t count,
+                    int divisor) {
+  if (from != DataType::kFloat32 || divisor < 1) return false;
+  const float scale = 1.0f / static_cast<float>(divisor);
+  auto* out = static_cast<uint16_t*>(dst);
+  auto* in = static_cast<const float*>(src);
+  if (to == DataType::kFloat16) {
+#ifdef DDL_F16C_KERNELS
+    if (HaveF16C()) return ScaledFloatsToHalf8(out, in, count, scale), true;
+#endif
+    return ScaledFloatsTo16<FloatToHalf>(out, in, count, scale), true;
+  }
+  if (to == DataType::kBFloat16) {
+    return ScaledFloatsTo16<FloatToBFloat16>(out, in, count, scale), true;
   }
   return false;
 }

@@ -27,6 +27,14 @@ void DivideBy(void* buffer, int64_t count, DataType dtype, int divisor);
 // Returns false, converting nothing, for any other pair.
 bool Convert(void* dst, DataType to, const void* src, DataType from, int64_t count);
 
+// Convert from float32 to float16 / bfloat16 with each value first
+// multiplied by 1 / divisor in float32 (one rounding there, one into the
+// 16-bit dtype): an Average over a 16-bit wire divides before it sums, so
+// the sum on the wire overflows only where the float32 average would.
+// Returns false, converting nothing, for any other pair.
+bool ConvertDivided(void* dst, DataType to, const void* src, DataType from, int64_t count,
+                    int divisor);
+
 // Conversions used by the 16-bit float kernels, exposed for tests.
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

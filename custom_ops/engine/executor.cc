@@ -13,6 +13,7 @@
 #include "../algorithms/rack_allreduce.h"
 #include "../algorithms/ring.h"
 #include "../common/reduce_kernels.h"
+#include "../negotiation/coordinator.h"
 
 namespace ddl {
 
@@ -139,11 +140,14 @@ bool Executor::IntoSharedResult(std::vector<Work*>& batch, std::vector<Status>* 
 }
 
 void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
-  // While ranks have joined, an Average is a sum divided by the ranks that
-  // are still active, each rank dividing its own output (so never into a
-  // result the node shares).
+  // While ranks have joined, an Average divides by the ranks that are
+  // still active: over a 16-bit wire before the wire, as every Average
+  // there (NodeMemoryAllreduce, FlatAllreduce); otherwise the batch is
+  // summed and each rank divides its own output (so never into a result
+  // the node shares).
   const bool average_of_active = batch[0]->op == ReduceOp::kAverage && active < ctx_.size;
-  const ReduceOp op = average_of_active ? ReduceOp::kSum : batch[0]->op;
+  const bool divide_after = average_of_active && batch[0]->wire == batch[0]->dtype;
+  const ReduceOp op = divide_after ? ReduceOp::kSum : batch[0]->op;
   size_t total = 0;
   for (Work* w : batch) total += Bytes(*w);
   const auto start = Timeline::Clock::now();
@@ -155,31 +159,32 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
     traffic_.shared_output_bytes += total;
   } else if (node_allreduce_) {
     AllocateOutputs(batch, &status, &scratch);
-    NodeMemoryAllreduce(batch, op, &phases);
+    NodeMemoryAllreduce(batch, op, active, &phases);
   } else {
     AllocateOutputs(batch, &status, &scratch);
-    FlatAllreduce(batch, op, total, &phases);
+    FlatAllreduce(batch, op, active, total, &phases);
   }
   if (ctx_.timeline) RecordAllreduce(batch, total, start, phases);
-  if (average_of_active) {
+  if (divide_after) {
     for (Work* w : batch) DivideBy(w->output, NumElements(w->shape), w->dtype, active);
   }
   for (size_t i = 0; i < batch.size(); ++i) Finish(*batch[i], status[i]);
 }
 
-void Executor::NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, Phases* phases) {
+void Executor::NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
+                                   Phases* phases) {
   // Reads inputs and writes outputs in place: no fusion-buffer copies.
   std::vector<Span> spans;
   for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
   NodePhaseTimes times;
-  node_allreduce_->Run(spans, batch[0]->dtype, batch[0]->wire, op, &times);
+  node_allreduce_->Run(spans, batch[0]->dtype, batch[0]->wire, op, &times, nullptr, active);
   phases->insert(phases->end(), {{"SHM_COPY_IN", times.copy_in},
                                  {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},
                                  {"CROSS_NODE_ALLREDUCE", times.cross_node},
                                  {"INTRA_NODE_ALL_GATHER", times.all_gather}});
 }
 
-void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, size_t total,
+void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active, size_t total,
                              Phases* phases) {
   using Clock = Timeline::Clock;
   auto seconds_since = [](Clock::time_point t) {
@@ -190,6 +195,11 @@ void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, size_t tota
   // A single tensor is reduced in its output; several, or a tensor sent
   // in another dtype, are packed (converted) into the fusion buffer first.
   const bool packed = batch.size() > 1 || wire != dtype;
+  // An Average over a 16-bit wire divides each value by the active ranks
+  // as it packs it, then sums: values near the 16-bit maximum stay finite
+  // (a float16 sum of two 40000s is inf, their halves' sum is not).
+  const bool divide_first = op == ReduceOp::kAverage && wire != dtype;
+  if (divide_first) op = ReduceOp::kSum;
   const int64_t count = static_cast<int64_t>(total / DataTypeSize(dtype));
   const size_t wire_elem = DataTypeSize(wire);
   char* buffer = static_cast<char*>(batch[0]->output);
@@ -201,7 +211,11 @@ void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, size_t tota
     buffer = fusion_buffer_.data();
     size_t offset = 0;
     for (Work* w : batch) {
-      Convert(buffer + offset, wire, w->input, dtype, NumElements(w->shape));
+      if (divide_first) {
+        ConvertDivided(buffer + offset, wire, w->input, dtype, NumElements(w->shape), active);
+      } else {
+        Convert(buffer + offset, wire, w->input, dtype, NumElements(w->shape));
+      }
       offset += NumElements(w->shape) * wire_elem;
     }
   }
@@ -260,6 +274,26 @@ Status Executor::Allgather(Work& w) {
   std::vector<int64_t> firsts = ctx_.world->AllgatherInt64(first);
   std::vector<int64_t> out_shape = shape;
   out_shape[0] = 0;
+  // Negotiation refused outputs past 2^31 - 1 bytes (Coordinator::
+  // AllgatherTooLarge), but a cached name is not renegotiated when only a
+  // rank's first dimension changed: every rank has the same sizes here, so
+  // every rank refuses it alike, before any data moves.
+  unsigned __int128 wide = 0;
+  std::string each;
+  for (size_t r = 0; r < firsts.size(); ++r) {
+    const unsigned __int128 b = static_cast<unsigned __int128>(std::max<int64_t>(firsts[r], 0)) *
+                                static_cast<uint64_t>(row_elems) * DataTypeSize(w.dtype);
+    wide += b;
+    each += (r ? ", rank " : "rank ") + std::to_string(ctx_.world->WorldRank(static_cast<int>(r))) +
+            ": " + std::to_string(static_cast<uint64_t>(b));
+  }
+  if (wide > static_cast<unsigned __int128>(Coordinator::kMaxAllgatherBytes)) {
+    return Status::InvalidArgument(
+        "allgather of tensor '" + w.name + "': the output would hold more than " +
+        std::to_string(Coordinator::kMaxAllgatherBytes) + " bytes (2^31 - 1), the most one " +
+        "allgather can place (MPI counts are ints): " + each + "; gather the tensor in parts" +
+        ctx_.Where());
+  }
   std::vector<size_t> bytes(firsts.size());
   size_t total = 0;
   for (size_t r = 0; r < firsts.size(); ++r) {

@@ -31,8 +31,10 @@ class Executor {
   void AllreduceBatch(std::vector<Work*>& batch, int active);
   // The batch's paths (outputs already allocated): through the node's
   // shared memory, or the flat algorithm over the world (fusion buffer).
-  void NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, Phases* phases);
-  void FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, size_t total, Phases* phases);
+  // `active` divides an Average (the ranks whose data counts).
+  void NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, int active, Phases* phases);
+  void FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active, size_t total,
+                     Phases* phases);
   void RecordAllreduce(const std::vector<Work*>& batch, size_t total,
                        Timeline::Clock::time_point start, const Phases& phases);
   Status Allgather(Work& work);

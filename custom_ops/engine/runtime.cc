@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "../transport/mpi_world.h"
+#include "set_setup.h"
 
 namespace ddl {
 
@@ -52,12 +53,25 @@ std::shared_ptr<Engine> CurrentEngine() {
 }
 
 Status AddProcessSet(const std::vector<int>& ranks, int* id) {
+  // One call at a time in this process: the rounds of two threads' calls
+  // would otherwise interleave on the setup group.
+  static std::mutex calls;
+  // Why the setup group fell out of step, once a call failed that way.
+  static std::string out_of_step_because;
+  std::lock_guard<std::mutex> serial(calls);
   std::shared_ptr<Engine> global = CurrentEngine();
   if (!global) {
     return Status::FailedPrecondition("keras_ddl is not initialized: call keras_ddl.init() "
                                       "before add_process_set");
   }
   const Context& world = global->context();
+  const std::string call = "add_process_set([" + RankList(ranks) + "]): ";
+  if (!out_of_step_because.empty()) {
+    return Status::FailedPrecondition(
+        call + "refused: an earlier add_process_set failed with a rank not answering in time (" +
+        out_of_step_because + "), so the ranks can no longer agree on new process sets in "
+        "this job; end it and restart" + world.Where());
+  }
   std::string problem;
   for (size_t i = 0; i < ranks.size() && problem.empty(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= world.size) {
@@ -68,49 +82,32 @@ Status AddProcessSet(const std::vector<int>& ranks, int* id) {
     }
   }
   if (ranks.empty()) problem = "a process set needs at least one rank";
-  // Every rank must name the same set: compare a checksum of the list.
-  uint64_t sum = ranks.size();
-  for (int r : ranks) sum = sum * 1000003u + static_cast<uint64_t>(r) + 1;
-  Group& setup = *world.setup;
-  std::vector<int64_t> sums, bad;
-  try {
-    sums = setup.AllgatherInt64(static_cast<int64_t>(sum));
-    bad = setup.AllgatherInt64(problem.empty() ? 0 : 1);
-  } catch (const TransportError& e) {
-    return Status::Aborted(std::string("add_process_set(ranks): ") + e.what() + world.Where());
-  }
-  const bool any_bad = std::count(bad.begin(), bad.end(), 1) > 0;
-  const bool same = std::count(sums.begin(), sums.end(), sums[0]) == static_cast<long>(sums.size());
-  if (!problem.empty()) {
-    return Status::InvalidArgument("add_process_set(ranks): " + problem + world.Where());
-  }
-  if (any_bad) {
-    return Status::InvalidArgument("add_process_set(ranks): another rank passed invalid ranks "
-                                   "(see its error)" + world.Where());
-  }
-  if (!same) {
-    return Status::InvalidArgument("add_process_set(ranks): the ranks differ between ranks of "
-                                   "the job; every rank must pass the same list" + world.Where());
-  }
-  const bool member = std::binary_search(ranks.begin(), ranks.end(), world.world_rank);
-  std::unique_ptr<Group> group;
-  try {
-    group = setup.Split(member ? 0 : -1, world.world_rank);
-  } catch (const TransportError& e) {
-    return Status::Aborted(std::string("add_process_set(ranks): ") + e.what() + world.Where());
-  }
-  std::shared_ptr<Engine> engine;
+  int next_id = 0;
   {
     std::lock_guard<std::mutex> lock(RuntimeMutex());
-    *id = static_cast<int>(Engines().size());
+    next_id = static_cast<int>(Engines().size());
   }
-  if (member) {
-    std::unique_ptr<Context> ctx;
-    Status s = Context::CreateForGroup(std::move(group), *id, world.config, &ctx);
-    if (!s.ok()) return s;
-    engine = std::make_shared<Engine>(std::move(ctx));
+  // Members build the set's context inside the agreement; its engine
+  // starts only once every member has built one.
+  std::unique_ptr<Context> ctx;
+  auto build = [&](std::unique_ptr<Group> group) {
+    return Context::CreateForGroup(std::move(group), next_id, world.config, &ctx);
+  };
+  bool out_of_step = false;
+  Status s;
+  try {
+    s = SetUpProcessSet(*world.setup, ranks, problem, world.config.peer_timeout_s, build,
+                        &out_of_step);
+  } catch (const TransportError& e) {
+    out_of_step = true;
+    s = Status::Aborted(call + e.what());
   }
+  if (out_of_step) out_of_step_because = s.message();
+  if (!s.ok()) return Status(s.code(), s.message() + world.Where());
+  std::shared_ptr<Engine> engine;
+  if (ctx) engine = std::make_shared<Engine>(std::move(ctx));
   std::lock_guard<std::mutex> lock(RuntimeMutex());
+  *id = next_id;
   Engines().push_back(engine);
   return Status::Ok();
 }

@@ -159,6 +159,31 @@ std::string Coordinator::Refusal(const Request& r) const {
   return "";
 }
 
+std::string Coordinator::AllgatherTooLarge(const Offers& offers) const {
+  // Each rank's bytes in 128 bits: shapes come from the ranks and are
+  // trusted to be non-negative, not to be small.
+  unsigned __int128 total = 0;
+  std::string each;
+  for (int r = 0; r < size_; ++r) {
+    const Request& q = offers.by_rank[r];
+    if (q.name.empty()) continue;  // joined: no rows
+    unsigned __int128 bytes = DataTypeSize(q.dtype);
+    for (int64_t d : q.shape) bytes *= static_cast<unsigned __int128>(d < 0 ? 0 : d);
+    // A product past 2^64 is far past the limit whatever the rest adds.
+    const bool huge = bytes >> 64 != 0;
+    total += huge ? (static_cast<unsigned __int128>(1) << 64) : bytes;
+    each += (each.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + ": " +
+            (huge ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(bytes)));
+  }
+  if (total <= static_cast<unsigned __int128>(kMaxAllgatherBytes)) return "";
+  const std::string sum = total >> 64 != 0 ? std::string("more than 2^64")
+                                           : std::to_string(static_cast<uint64_t>(total));
+  return "the output would hold " + sum + " bytes (" + each + "), more than the " +
+         std::to_string(kMaxAllgatherBytes) +
+         " bytes (2^31 - 1) one allgather can place (MPI counts are ints); gather the tensor "
+         "in parts";
+}
+
 ResponseList Coordinator::Respond() {
   ResponseList out;
   out.evictions = std::move(evictions_);
@@ -192,7 +217,10 @@ ResponseList Coordinator::Respond() {
       if (offers.by_rank[r].name.empty()) continue;
       if (!first.Compatible(offers.by_rank[r])) mismatch = first.Difference(offers.by_rank[r]);
     }
-    const std::string refusal = mismatch.empty() ? Refusal(first) : "";
+    std::string refusal = mismatch.empty() ? Refusal(first) : "";
+    if (mismatch.empty() && refusal.empty() && first.collective == Collective::kAllgather) {
+      refusal = AllgatherTooLarge(offers);
+    }
     if (invalid) {
       out.errors.emplace_back(name, std::string(CollectiveName(first.collective)) +
                                         " of tensor '" + name + "': " + mismatch);

@@ -62,6 +62,10 @@ class Coordinator {
   // Why a request agreed by every rank cannot run ("" if it can).
   std::string Refusal(const Request& r) const;
 
+  // The most bytes one allgather's output may hold: MPI counts and
+  // displacements are ints, so a larger output cannot be placed.
+  static constexpr int64_t kMaxAllgatherBytes = 2147483647;  // 2^31 - 1
+
  private:
   struct Offers {
     std::vector<Request> by_rank;  // indexed by rank; name empty = not offered yet
@@ -76,6 +80,9 @@ class Coordinator {
   void MarkIfComplete(const std::string& name, Offers& offers);
   Clock::time_point last_stall_check_;
   std::string Missing(const Offers& offers) const;
+  // An allgather whose output (every rank's rows together) would exceed
+  // kMaxAllgatherBytes: the refusal, naming each rank's bytes; else "".
+  std::string AllgatherTooLarge(const Offers& offers) const;
 
   int size_;
   Config config_;

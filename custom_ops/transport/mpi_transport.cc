@@ -111,6 +111,16 @@ bool MpiTransport::Test(Handle handle) {
   return done != 0;
 }
 
+int64_t MpiTransport::Probe(int peer, int tag) {
+  int arrived = 0;
+  MPI_Status status;
+  Check(MPI_Iprobe(peer, tag, comm_, &arrived, &status), "MPI_Iprobe");
+  if (!arrived) return -1;
+  int bytes = 0;
+  Check(MPI_Get_count(&status, MPI_BYTE, &bytes), "MPI_Get_count");
+  return bytes;
+}
+
 std::vector<int> MpiTransport::PendingPeers() const {
   std::vector<int> peers;
   for (int p : peers_) {
@@ -197,6 +207,9 @@ std::vector<std::vector<char>> MpiTransport::GatherBytes(const std::vector<char>
     displs[i] = static_cast<int>(total);
     total += counts[i];
   }
+  // The displacements are ints too (the negotiation's names never come
+  // near this; a clear error rather than a wrapped offset if they did).
+  if (rank_ == root) CheckedCount(static_cast<size_t>(total), "gather");
   std::vector<char> all(static_cast<size_t>(total));
   Check(MPI_Igatherv(mine.data(), my_count, MPI_BYTE, all.data(), counts.data(), displs.data(),
                      MPI_BYTE, root, comm_, &request),

@@ -30,6 +30,7 @@ class MpiTransport : public Group {
   Handle Irecv(void* data, size_t bytes, int peer, int tag) override;
   void Wait(Handle handle) override;
   bool Test(Handle handle) override;
+  int64_t Probe(int peer, int tag) override;
   size_t MaxMessageBytes() const override { return kMaxMessageBytes; }
 
   // ControlPlane. An idle AND waits by sleeping rather than spinning, so

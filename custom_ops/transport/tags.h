@@ -1,7 +1,8 @@
 // Every message tag of the core, in one place: messages between the same
 // two ranks of one group match by tag, so two users of a group must never
-// share one. Algorithms take the 100s. (The failure diagnosis probes over
-// TCP, apart from every group: engine/fault_report.h.)
+// share one. Algorithms take the 100s, the setup of process sets the
+// 120s. (The failure diagnosis probes over TCP, apart from every group:
+// engine/fault_report.h.)
 #pragma once
 
 namespace ddl {
@@ -17,5 +18,7 @@ constexpr int kTagAcrossScatter = 112;  // algorithms/rack_allreduce.cc: B, acro
 constexpr int kTagAcrossGather = 113;   // algorithms/rack_allreduce.cc: C, across racks
 constexpr int kTagRackGather = 114;     // algorithms/rack_allreduce.cc: D, inside the rack
 constexpr int kTagRackExchange = 115;   // algorithms/rack_allreduce.cc: small calls
+constexpr int kTagSetupOffer = 121;     // engine/set_setup.cc: a rank's word to rank 0
+constexpr int kTagSetupVerdict = 122;   // engine/set_setup.cc: rank 0's verdict
 
 }  // namespace ddl

@@ -30,6 +30,12 @@ class Transport {
   // blocks. Throws TransportError on failure.
   virtual bool Test(Handle handle) = 0;
 
+  // The length in bytes of a message from `peer` with `tag` that has
+  // arrived and is not yet received, or -1; never blocks. Lets a rank wait
+  // with a deadline for a peer that may never send (engine/set_setup.h)
+  // without posting a receive that a late message would still complete.
+  virtual int64_t Probe(int peer, int tag) = 0;
+
   // Largest message a single Isend/Irecv accepts; algorithms chunk above it.
   virtual size_t MaxMessageBytes() const = 0;
 };

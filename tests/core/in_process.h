@@ -86,6 +86,13 @@ class InProcessGroup {
     }
     Take(key, data, bytes);
   }
+  // Bytes of the next message on a stream that no receive has been posted
+  // for, if it has arrived; -1 otherwise (MPI_Iprobe).
+  int64_t Arrived(const Stream& s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = mail_.find({s, receives_[s]});
+    return it == mail_.end() ? -1 : static_cast<int64_t>(it->second.size());
+  }
   // Collect if the message is there, without waiting.
   bool TryCollect(const Stream& s, int64_t seq, void* data, size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -220,6 +227,11 @@ class InProcessRank : public ddl::Group {
     if (!m.waited) --outstanding_;
     m.waited = true;
     return true;
+  }
+
+  int64_t Probe(int peer, int tag) override {
+    Check(peer, 1);
+    return group_.Arrived({peer, rank_, tag});
   }
 
   // Group.

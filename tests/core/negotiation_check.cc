@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "negotiation/controller.h"
@@ -293,6 +294,54 @@ void JoinedRanksStandInUntilEveryRankJoined() {
 
 }  // namespace
 
+// An allgather whose output would exceed 2^31 - 1 bytes (MPI's int counts
+// and displacements) is refused on every rank in the same cycle, naming
+// the tensor, every rank's bytes and the limit; one of exactly 2^31 - 1
+// bytes runs; sizes whose product passes 2^64 do not wrap around into a
+// small total. No buffer is allocated: only the negotiation runs.
+void AnAllgatherOverTwoGigabytesIsRefusedOnEveryRank() {
+  const int n = 3;
+  auto gather = [](const std::string& name, int r, std::vector<int64_t> shape,
+                   DataType dtype = DataType::kFloat32) {
+    Request q = Make(name, r, std::move(shape), dtype);
+    q.collective = Collective::kAllgather;
+    return q;
+  };
+  auto schedule = [&](int r, int c) {
+    std::vector<Request> rq;
+    if (c != 0) return rq;
+    // 200 rows of 4 MB each: 800 MB per rank, 2.4 GB in all.
+    rq.push_back(gather("big", r, {200, 1024, 1024}));
+    // Exactly the limit, in bytes: runs.
+    const int64_t rows[3] = {1000000000, 1147483647, 0};
+    rq.push_back(gather("edge", r, {rows[r]}, DataType::kUInt8));
+    // One row more than the limit.
+    const int64_t over[3] = {1000000000, 1147483648, 0};
+    rq.push_back(gather("edge+1", r, {over[r]}, DataType::kUInt8));
+    // 2^40 rows of 2^40 floats on rank 1, none elsewhere: a 64-bit
+    // product wraps to 0 bytes.
+    rq.push_back(gather("wraps", r, {r == 1 ? int64_t(1) << 40 : 0, int64_t(1) << 40}));
+    return rq;
+  };
+  auto out = Drive(n, 2, schedule);
+  for (int r = 0; r < n; ++r) {
+    const std::string who = "allgather over 2 GB, rank " + std::to_string(r) + ": ";
+    Expect(out[r][0].run == std::vector<std::string>{"edge"},
+           who + "only the gather of exactly 2^31 - 1 bytes runs");
+    std::map<std::string, std::string> refused(out[r][0].refused.begin(), out[r][0].refused.end());
+    Expect(refused.size() == 3, who + "three names refused in the first cycle");
+    const std::string& big = refused["big"];
+    Expect(Contains(big, "allgather of tensor 'big'") && Contains(big, "2516582400 bytes") &&
+               Contains(big, "rank 0: 838860800") && Contains(big, "rank 2: 838860800") &&
+               Contains(big, "2147483647"),
+           who + "the refusal names the tensor, the total, each rank's bytes and the limit: " + big);
+    Expect(Contains(refused["edge+1"], "2147483648 bytes"), who + "one byte over: " + refused["edge+1"]);
+    Expect(Contains(refused["wraps"], "more than 2^64"), who + "no wrap-around: " + refused["wraps"]);
+  }
+  Expect(out[0][0].refused == out[1][0].refused && out[1][0].refused == out[2][0].refused,
+         "allgather over 2 GB: every rank gets the same refusals");
+}
+
 int main() {
   OutOfOrderNamesRunInOneOrderThenFromTheCache();
   StaggeredOffersRunWhenTheLastRankArrives();
@@ -302,5 +351,6 @@ int main() {
   ShutdownIsSeenByEveryRank();
   ADuplicateNameIsRefusedLocally();
   JoinedRanksStandInUntilEveryRankJoined();
+  AnAllgatherOverTwoGigabytesIsRefusedOnEveryRank();
   return ddl_test::Summary();
 }

@@ -16,6 +16,7 @@
 
 #include "algorithms/node_allreduce.h"
 #include "check.h"
+#include "common/reduce_kernels.h"
 #include "in_process.h"
 
 using namespace ddl;
@@ -30,10 +31,23 @@ float Combine(ReduceOp op, float a, float b) {
   return a + b;
 }
 
+// A float32 value in a 16-bit wire dtype and back.
+uint16_t ToWire(DataType wire, float x) {
+  return wire == DataType::kFloat16 ? FloatToHalf(x) : FloatToBFloat16(x);
+}
+float FromWire(DataType wire, uint16_t x) {
+  return wire == DataType::kFloat16 ? HalfToFloat(x) : BFloat16ToFloat(x);
+}
+
 // racks == 0: one switch (the cross step over every node); otherwise
 // `nodes` is split into `racks` racks of nodes / racks, rack-major, and the
-// cross step is the rack allreduce.
-void Check(int nodes, int local, ReduceOp op, int call, int racks = 0) {
+// cross step is the rack allreduce. `wire` a 16-bit float: the cross step
+// sends float16 / bfloat16 (Average only), with inputs near float16's
+// largest value: each node's float32 sum is divided by the world size as
+// it is converted, then summed in the wire dtype, so every result is
+// finite (summing first and dividing after gives inf for float16).
+void Check(int nodes, int local, ReduceOp op, int call, int racks = 0,
+           DataType wire = DataType::kFloat32) {
   const int world = nodes * local;
   const int per_rack = racks > 0 ? nodes / racks : nodes;
   // With racks a tensor of 300001 and slots of 512 KB as well: slices big
@@ -43,7 +57,8 @@ void Check(int nodes, int local, ReduceOp op, int call, int racks = 0) {
   if (racks > 0) lengths.push_back(300001);
   const size_t slot_bytes = racks > 0 ? 512 << 10 : 4096;
   std::mt19937 rng(nodes * 100 + local * 10 + static_cast<int>(op));
-  std::uniform_real_distribution<float> real(-1, 1);
+  const bool near_max = wire == DataType::kFloat16;
+  std::uniform_real_distribution<float> real(near_max ? 40000 : -1, near_max ? 65000 : 1);
   // inputs[w][t]
   std::vector<std::vector<std::vector<float>>> in(world), out(world);
   for (int w = 0; w < world; ++w) {
@@ -86,17 +101,27 @@ void Check(int nodes, int local, ReduceOp op, int call, int racks = 0) {
     for (size_t t = 0; t < lengths.size(); ++t) {
       spans.push_back({in[w][t].data(), out[w][t].data(), lengths[t]});
     }
-    allreduce.Run(spans, DataType::kFloat32, DataType::kFloat32, op);
+    allreduce.Run(spans, DataType::kFloat32, wire, op);
   });
 
   const std::string label = (racks > 0 ? std::to_string(racks) + " racks of " : "") +
                             std::to_string(nodes) + "x" + std::to_string(local) + " " +
-                            ReduceOpName(op);
+                            ReduceOpName(op) +
+                            (wire != DataType::kFloat32 ? std::string(" over ") + DataTypeName(wire)
+                                                        : std::string());
+  // Over a 16-bit wire (with more than one node): node values divided and
+  // converted, combined in the wire dtype in the same order.
+  const bool converted = wire != DataType::kFloat32 && nodes > 1;
+  const float scale = 1.0f / static_cast<float>(world);
   for (size_t t = 0; t < lengths.size(); ++t) {
     std::vector<float> want(lengths[t]);
     for (int64_t i = 0; i < lengths[t]; ++i) {
       // Local ranks in order make a node's value; nodes in order a rack's
       // (one switch: a single rack of every node); racks in order the total.
+      // A combination over the wire rounds to the wire dtype each time.
+      auto across = [&](float a, float b) {
+        return converted ? FromWire(wire, ToWire(wire, Combine(op, a, b))) : Combine(op, a, b);
+      };
       float total = 0;
       for (int r = 0; r < nodes / per_rack; ++r) {
         float rack_value = 0;
@@ -104,11 +129,17 @@ void Check(int nodes, int local, ReduceOp op, int call, int racks = 0) {
           const int n = r * per_rack + k;
           float node_value = in[n * local][t][i];
           for (int l = 1; l < local; ++l) node_value = Combine(op, node_value, in[n * local + l][t][i]);
-          rack_value = k == 0 ? node_value : Combine(op, rack_value, node_value);
+          if (converted) node_value = FromWire(wire, ToWire(wire, node_value * scale));
+          rack_value = k == 0 ? node_value : across(rack_value, node_value);
         }
-        total = r == 0 ? rack_value : Combine(op, total, rack_value);
+        total = r == 0 ? rack_value : across(total, rack_value);
       }
-      want[i] = op == ReduceOp::kAverage ? total / static_cast<float>(world) : total;
+      want[i] = op == ReduceOp::kAverage && !converted ? total / static_cast<float>(world) : total;
+      if (near_max) {
+        Expect(std::isfinite(out[0][t][i]), label + " tensor " + std::to_string(t) +
+                                                " element " + std::to_string(i) + " is " +
+                                                std::to_string(out[0][t][i]));
+      }
     }
     for (int w = 0; w < world; ++w) {
       const bool same = want.empty() ||
@@ -143,6 +174,15 @@ int main() {
         }
       }
     }
+  }
+  // Average over a 16-bit wire: divided before the cross-node sum (float16
+  // inputs near 65504 stay finite), one switch and racks.
+  for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+    for (int nodes : {1, 2, 3}) {
+      for (int local : {1, 2, 3}) Check(nodes, local, ReduceOp::kAverage, call++, 0, wire);
+    }
+    Check(4, 2, ReduceOp::kAverage, call++, 2, wire);
+    Check(3, 1, ReduceOp::kAverage, call++, 3, wire);
   }
   return ddl_test::Summary();
 }

@@ -538,23 +538,27 @@ def _in_order(parts, add):
 def compressed_reference(inputs, op, wire):
     """What a float32 allreduce sent as ``wire`` gives, bit for bit: summed
     in rank order in float32 inside a node's shared memory, in the wire
-    dtype (one rounding per addition) across nodes or on the flat path,
-    Average divided once at the end (in the dtype the sum was finished in)."""
+    dtype (one rounding per addition) across nodes or on the flat path.
+    Average divides before the wire: each value (flat) or node sum is
+    multiplied by 1/size in float32 as it is converted, and the wire's sum
+    is the result; with nothing on a wire, the sum is divided once."""
     algo = ddl.allreduce_algorithm()
     f32 = [tf.constant(x, tf.float32) for x in inputs]
-    to_wire = lambda x: tf.cast(x, wire)
+    scale = np.float32(1) / np.float32(size) if op == ddl.Average and wire != tf.float32 \
+        else None
+    to_wire = lambda x: tf.cast(x if scale is None else x * scale, wire)
     if algo == "flat":
         total = _in_order([to_wire(x) for x in f32], tf.add)
-        if op == ddl.Average:
+        if op == ddl.Average and scale is None:
             total = to_wire(tf.cast(total, tf.float32) / size)
         return tf.cast(total, tf.float32).numpy()
     local = ddl.local_size()
     node_sums = [_in_order(f32[n:n + local], tf.add) for n in range(0, size, local)]
     if algo == "shared_memory":
         total = node_sums[0]  # nothing crosses a network: no conversion
-    else:
-        total = tf.cast(_in_order([to_wire(s) for s in node_sums], tf.add), tf.float32)
-    return (total / size if op == ddl.Average else total).numpy()
+        return (total / size if op == ddl.Average else total).numpy()
+    total = tf.cast(_in_order([to_wire(s) for s in node_sums], tf.add), tf.float32)
+    return (total / size if op == ddl.Average and scale is None else total).numpy()
 
 
 @case
@@ -595,6 +599,50 @@ def compression_fp16_and_bf16():
             assert_exact(g.numpy(), a.numpy(), f"{compression!r} grouped vs alone")
     got = ddl.allreduce(tf.constant(mine), op=ddl.Sum, compression=ddl.Compression.none)
     assert_exact(got.numpy(), compressed_reference(inputs, ddl.Sum, tf.float32), "none")
+
+
+@case
+def compressed_average_near_fp16_max_stays_finite():
+    """float32 values near float16's largest (65504) averaged over an fp16
+    wire: each is divided by the ranks before the wire, so the result is
+    finite and close to the float32 average (summing on the wire first
+    gave inf). Grouped with a second tensor, in tf.function, and while a
+    rank has joined (divided by the active ranks). bf16 too."""
+    rng = np.random.default_rng(60 + rank)
+    mine = rng.uniform(60000, 65000, 4099).astype(np.float32)
+    inputs = MPI.COMM_WORLD.allgather(mine)
+    exact = np.mean(np.array(inputs, np.float64), axis=0)
+    for compression, wire in ((ddl.Compression.fp16, tf.float16),
+                              (ddl.Compression.bf16, tf.bfloat16)):
+        what = f"{compression!r} Average near 65504"
+        got = ddl.allreduce(tf.constant(mine), op=ddl.Average, compression=compression,
+                            name=f"near_max.{compression!r}").numpy()
+        bad = np.count_nonzero(~np.isfinite(got))
+        assert bad == 0, f"{what}: {bad} of {got.size} elements not finite, e.g. {got[:4]}"
+        np.testing.assert_allclose(got, exact, rtol=2 ** -6, err_msg=what)
+        assert_exact(got, compressed_reference(inputs, ddl.Average, wire), what)
+        same_on_all_ranks(got, what)
+        grouped = ddl.grouped_allreduce([tf.constant(mine), tf.constant(mine[:7] * 0.5)],
+                                        op=ddl.Average, compression=compression)
+        assert_exact(grouped[0].numpy(), got, f"{what}, grouped")
+        traced = tf.function(lambda t: ddl.allreduce(t, op=ddl.Average, compression=compression))
+        assert_exact(traced(tf.constant(mine)).numpy(), got, f"{what}, in tf.function")
+    # Rank 0 joins; the others' Average divides by size - 1 before the wire.
+    joined = False
+    try:
+        if rank != 0:
+            active = inputs[1:]
+            got = ddl.allreduce(tf.constant(mine), op=ddl.Average,
+                                compression=ddl.Compression.fp16, name="near_max.join").numpy()
+            bad = np.count_nonzero(~np.isfinite(got))
+            assert bad == 0, f"Average of the active ranks: {bad} elements not finite"
+            np.testing.assert_allclose(got, np.mean(np.array(active, np.float64), axis=0),
+                                       rtol=2 ** -6, err_msg="Average of the active ranks")
+        joined = True
+        ddl.join()
+    finally:
+        if not joined:
+            ddl.join()
 
 
 @case

@@ -919,6 +919,56 @@ def gradient_predivide_factor_keeps_float16_average_finite():
 
 
 @case
+def compressed_average_with_factors_divides_before_the_wire():
+    """hvd.allreduce / grouped_allreduce with Compression.fp16, op=Average
+    and pre/postscale factors on float32 values near float16's maximum: the
+    engine's Average divides before the fp16 wire, so the result is finite
+    and postscale * the average of prescale * x (a Sum on the wire, then
+    postscale / size, gave inf). The gradient tape with
+    gradient_predivide_factor and fp16 compression likewise. On one
+    machine nothing crosses a wire (float32 sums in shared memory); tests/
+    test_compressed_average_mpi.py runs it over the flat ring too."""
+    rng = np.random.default_rng(70 + rank)
+    mine = rng.uniform(60000, 65000, 1001).astype(np.float32)
+    inputs = np.array(MPI.COMM_WORLD.allgather(mine), np.float64)
+    # Prescaled, the values' average (about 47000) fits float16, their sum
+    # over 2 or 3 ranks does not.
+    expected = 2.0 * np.mean(0.75 * inputs, axis=0)
+
+    def check(got, what):
+        got = np.asarray(got)
+        bad = np.count_nonzero(~np.isfinite(got))
+        assert bad == 0, f"{what}: {bad} of {got.size} elements not finite, e.g. {got.ravel()[:4]}"
+        np.testing.assert_allclose(got, expected[:got.size], rtol=2 ** -6, err_msg=what)
+        assert digests_agree([got]), f"{what}: ranks differ"
+
+    factors = dict(prescale_factor=0.75, postscale_factor=2.0)
+    for compression in (hvd_tf.Compression.fp16, ddl.Compression.bf16):
+        what = f"{compression!r}"
+        check(hvd_tf.allreduce(tf.constant(mine), op=hvd_tf.Average, compression=compression,
+                               **factors), f"allreduce {what}")
+        grouped = hvd_tf.grouped_allreduce([tf.constant(mine), tf.constant(mine[:5])],
+                                           op=hvd_tf.Average, compression=compression, **factors)
+        check(grouped[0], f"grouped_allreduce {what}")
+        check(grouped[1], f"grouped_allreduce {what}, second tensor")
+        traced = tf.function(lambda t: hvd_tf.allreduce(t, op=hvd_tf.Average,
+                                                        compression=compression, **factors))
+        check(traced(tf.constant(mine)), f"allreduce {what} in tf.function")
+    # Gradients of sum(w * mine) are mine: with gradient_predivide_factor and
+    # fp16 compression their average is finite too.
+    w = tf.Variable(np.ones([mine.size], np.float32))
+    for factor in (1.0, float(size)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * tf.constant(mine))
+        tape = hvd_tf.DistributedGradientTape(tape, compression=hvd_tf.Compression.fp16,
+                                              gradient_predivide_factor=factor)
+        got = tape.gradient(loss, [w])[0].numpy()
+        assert np.all(np.isfinite(got)), f"tape, predivide {factor}: {got[:4]}"
+        np.testing.assert_allclose(got, np.mean(inputs, axis=0), rtol=2 ** -6,
+                                   err_msg=f"tape, predivide {factor}")
+
+
+@case
 def sync_batch_norm_takes_keras2_arguments():
     check_sync_batch_norm([4], traced=False, fused=False, renorm=False, virtual_batch_size=None)
     check_sync_batch_norm([4], traced=True, fused=True)

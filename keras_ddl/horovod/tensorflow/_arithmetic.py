@@ -7,6 +7,12 @@ is a Sum whose postscale is divided by the set's size, so it is defined for
 integers too (truncated, not refused as keras_ddl's own API does).
 IndexedSlices take Sum and Average only, without factors; their Average
 divides with `/`, so integer values come back floating.
+
+One difference, on purpose: a compressed (16-bit wire) floating Average
+with factors stays an Average in the engine, which divides each value by
+the ranks before the wire, with the factors applied around it
+(`postscale * Average(prescale * x)`): the same value up to rounding,
+where Horovod's float16 Sum of large values overflows to inf.
 """
 
 import numpy as np
@@ -45,6 +51,13 @@ def _needs_scaling(dtypes, op, prescale, postscale):
     return prescale != 1.0 or postscale != 1.0 or integer_average
 
 
+def _average_in_engine(dtypes, op, compression):
+    """A compressed Average of floating tensors runs as the engine's Average
+    (see the module docstring), not as a Sum on the 16-bit wire."""
+    return (op == Average and compression is not ddl.Compression.none
+            and all(d.is_floating for d in dtypes))
+
+
 def _postscale(op, postscale, process_set):
     return postscale / process_sets.set_size(process_set) if op == Average else postscale
 
@@ -54,6 +67,10 @@ def allreduce_dense(tensor, op, name, compression, prescale, postscale, process_
     if not _needs_scaling([tensor.dtype], op, prescale, postscale):
         return ddl.allreduce(tensor, op=op, name=name, compression=compression,
                              process_set=process_set)
+    if _average_in_engine([tensor.dtype], op, compression):
+        reduced = ddl.allreduce(scale(tensor, prescale), op=Average, name=name,
+                                compression=compression, process_set=process_set)
+        return scale(reduced, postscale)
     reduced = ddl.allreduce(scale(tensor, prescale), op=Sum if op == Average else op, name=name,
                             compression=compression, process_set=process_set)
     return scale(reduced, _postscale(op, postscale, process_set))
@@ -64,10 +81,11 @@ def grouped_allreduce_dense(tensors, op, name, compression, prescale, postscale,
     if not _needs_scaling([t.dtype for t in tensors], op, prescale, postscale):
         return ddl.grouped_allreduce(tensors, op=op, name=name, compression=compression,
                                      process_set=process_set)
+    engine_average = _average_in_engine([t.dtype for t in tensors], op, compression)
     reduced = ddl.grouped_allreduce([scale(t, prescale) for t in tensors],
-                                    op=Sum if op == Average else op, name=name,
-                                    compression=compression, process_set=process_set)
-    post = _postscale(op, postscale, process_set)
+                                    op=Sum if op == Average and not engine_average else op,
+                                    name=name, compression=compression, process_set=process_set)
+    post = postscale if engine_average else _postscale(op, postscale, process_set)
     return [scale(r, post) for r in reduced]
 
 
