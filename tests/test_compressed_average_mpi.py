@@ -6,7 +6,6 @@ shared memory; keras_ddl's own case, compressed_average_near_fp16_max_
 stays_finite, runs in every topology of tests/test_collectives_mpi.py.)"""
 
 import pytest
-from conftest import shared_launch
 
 SCRIPT = "horovod_cases.py"
 CASES = ["compressed_average_with_factors_divides_before_the_wire",
@@ -20,6 +19,6 @@ TOPOLOGIES = {
 
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
 @pytest.mark.parametrize("name", CASES)
-def test_case_where_float16_crosses_a_wire(topology, name):
+def test_case_where_float16_crosses_a_wire(launcher, topology, name):
     nprocs, env = TOPOLOGIES[topology]
-    shared_launch(nprocs, SCRIPT, env=env, cases=CASES).check(name)
+    launcher.cases(nprocs, SCRIPT, env=env, cases=CASES).check(name)

@@ -4,7 +4,7 @@ error on every rank within DDL_PEER_TIMEOUT_S, never a hang). One launch
 per rank count runs every case of tests/mpi/process_set_edges.py, in order."""
 
 import pytest
-from conftest import case_names, shared_launch
+from conftest import case_names
 
 SCRIPT = "process_set_edges.py"
 ENV = {"DDL_PEER_TIMEOUT_S": "5"}
@@ -12,10 +12,10 @@ ENV = {"DDL_PEER_TIMEOUT_S": "5"}
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("name", case_names(SCRIPT))
-def test_case(nprocs, name):
-    shared_launch(nprocs, SCRIPT, env=ENV).check(name)
+def test_case(launcher, nprocs, name):
+    launcher.cases(nprocs, SCRIPT, env=ENV).check(name)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_launch_exits_cleanly(nprocs):
-    shared_launch(nprocs, SCRIPT, env=ENV).check_clean_exit()
+def test_launch_exits_cleanly(launcher, nprocs):
+    launcher.cases(nprocs, SCRIPT, env=ENV).check_clean_exit()
