@@ -155,7 +155,7 @@ Status SetUpProcessSet(Group& setup, const std::vector<int>& ranks, const std::s
     }
     if (!missing.empty()) {
       return Ranks(missing) + " did not call add_process_set" + within +
-             (passed.empty() ? "" : " (" + passed + ")");
+             (passed.empty() ? "" : "; " + passed);
     }
     if (!problems.empty()) return problems;
     if (lists.size() > 1) {
