@@ -14,8 +14,12 @@ class Compression:
 
     A float32 allreduce is converted by the core as it packs the fused
     buffer and back as it unpacks it; across nodes the sum is taken in the
-    wire dtype, inside a node's shared memory in float32. Other floating
-    dtypes are cast before the collective and back after it.
+    wire dtype, inside a node's shared memory in float32. A float32
+    ``Average`` is divided before the wire (each rank's values, or a node's
+    float32 sum, by the number of ranks taking part), so it overflows the
+    16-bit dtype only where its result would. Other floating dtypes are
+    cast before the collective and back after it, and sum in the 16-bit
+    dtype: their ``Average`` can overflow where float32 would not.
     """
 
     class _Cast:
