@@ -159,9 +159,17 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
 }
 
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
-                              ReduceOp op, size_t piece_bytes) {
+                              ReduceOp op, size_t piece_bytes, NetworkChoice choice) {
+  if (choice == NetworkChoice::kRackPipeline256K || choice == NetworkChoice::kRackPipeline1M) {
+    const size_t piece = choice == NetworkChoice::kRackPipeline256K ? 256 << 10 : 1 << 20;
+    RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, piece);
+    return choice == NetworkChoice::kRackPipeline256K ? "RACK_ALLREDUCE_256K"
+                                                      : "RACK_ALLREDUCE_1M";
+  }
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
-  if (static_cast<size_t>(grid.all->size() - 1) * bytes <= kRackDirectExchangeBytes) {
+  const bool small = static_cast<size_t>(grid.all->size() - 1) * bytes <= kRackDirectExchangeBytes;
+  // Any other choice (kAuto, or one for another step) is the size rule.
+  if (choice == NetworkChoice::kRackExchange || small) {
     RackOrderedExchange(*grid.all, grid.rack->size(), buffer, count, dtype, op);
     return "RACK_ORDERED_EXCHANGE";
   }
