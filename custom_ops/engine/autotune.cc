@@ -130,7 +130,7 @@ void Autotuner::Start() {
         const std::string s = text.str();
         payload.assign(s.begin(), s.end());
       } else {
-        print_("keras_ddl autotune: warning: not using DDL_AUTOTUNE_FILE=" + file_ + ": " + why +
+        print_("keras_ddl: warning: not using DDL_AUTOTUNE_FILE=" + file_ + ": " + why +
                "; measuring again\n");
       }
     }
@@ -231,9 +231,11 @@ std::string Autotuner::Describe(const std::string& how) const {
     }
     for (size_t k = 0; k < candidates_.size(); ++k) {
       const double m = table_.median[c][k];
-      out << "  " << pad(k == 0 ? ClassName(c) : "", 16) << pad(candidates_[k].name, width + 2)
-          << pad(std::isnan(m) ? "-" : Format("%.3f ms", m * 1e3), 19)
-          << (table_.chosen[c] == static_cast<int>(k) ? "  *" : "") << "\n";
+      std::string row = "  " + pad(k == 0 ? ClassName(c) : "", 16) +
+                        pad(candidates_[k].name, width + 2) +
+                        pad(std::isnan(m) ? "-" : Format("%10.3f ms", m * 1e3), 21) +
+                        (table_.chosen[c] == static_cast<int>(k) ? "  *" : "");
+      out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";
     }
   }
   return out.str();
@@ -308,13 +310,13 @@ void Autotuner::Save() const {
     out << Serialize();
     out.close();
     if (!out) {
-      print_("keras_ddl autotune: warning: could not write DDL_AUTOTUNE_FILE=" + file_ + "\n");
+      print_("keras_ddl: warning: could not write DDL_AUTOTUNE_FILE=" + file_ + "\n");
       std::remove(tmp.c_str());
       return;
     }
   }
   if (std::rename(tmp.c_str(), file_.c_str()) != 0) {
-    print_("keras_ddl autotune: warning: could not write DDL_AUTOTUNE_FILE=" + file_ + "\n");
+    print_("keras_ddl: warning: could not write DDL_AUTOTUNE_FILE=" + file_ + "\n");
     std::remove(tmp.c_str());
   }
 }
