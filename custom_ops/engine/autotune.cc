@@ -80,8 +80,9 @@ Autotuner::Autotuner(ControlPlane& plane, std::vector<AutotuneCandidate> candida
 
 NetworkChoice Autotuner::Before(size_t bytes, Ticket* ticket) {
   if (!started_) Start();
-  const int c = SizeClass(bytes);
   *ticket = Ticket{};
+  if (bytes == 0) return NetworkChoice::kAuto;  // nothing crosses the network
+  const int c = SizeClass(bytes);
   ticket->size_class = c;
   if (decided_) {
     return table_.chosen[c] >= 0 ? candidates_[table_.chosen[c]].choice : NetworkChoice::kAuto;
@@ -138,7 +139,7 @@ void Autotuner::Start() {
   plane_.BroadcastBytes(payload, 0);
   if (payload.empty()) return;
   std::string why;
-  if (!Parse(std::string(payload.begin(), payload.end()), &table_, &why)) {
+  if (!Parse(std::string(payload.begin(), payload.end()), &table_, &why, false)) {
     // Rank 0 parsed the same text with the same shape: cannot differ.
     throw std::runtime_error("autotune: rank 0's saved table does not parse here: " + why);
   }
@@ -177,7 +178,7 @@ void Autotuner::Finish() {
   }
   plane_.BroadcastBytes(decision, 0);
   std::string why;
-  if (!Parse(std::string(decision.begin(), decision.end()), &table_, &why)) {
+  if (!Parse(std::string(decision.begin(), decision.end()), &table_, &why, false)) {
     throw std::runtime_error("autotune: rank 0's decision does not parse: " + why);
   }
   decided_ = true;
@@ -256,14 +257,16 @@ std::string Autotuner::Serialize() const {
   return out.str();
 }
 
-bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* why) const {
+bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* why,
+                      bool check_shape) const {
   std::istringstream in(text);
   std::string line;
   if (!std::getline(in, line) || line != kHeader) {
     *why = "not a keras_ddl autotune table";
     return false;
   }
-  if (!std::getline(in, line) || line != "shape " + shape_) {
+  if (!std::getline(in, line) || line.rfind("shape ", 0) != 0 ||
+      (check_shape && line != "shape " + shape_)) {
     *why = "it was measured for another job shape (" +
            (line.rfind("shape ", 0) == 0 ? line.substr(6) : std::string("unknown")) +
            "; this job: " + shape_ + ")";

@@ -96,9 +96,13 @@ class Autotuner {
   // The table as printed (headed "keras_ddl autotune:").
   std::string Describe(const std::string& how) const;
   // The saved form and back; Parse fails (with the reason) on another
-  // shape or candidate list, or a malformed text.
+  // candidate list, a malformed text or, with `check_shape`, another
+  // shape. What rank 0 broadcasts is parsed without the shape check: a
+  // job whose nodes differ in size shows each rank another local size,
+  // and rank 0's shape is the one that counts.
   std::string Serialize() const;
-  bool Parse(const std::string& text, AutotuneTable* out, std::string* why) const;
+  bool Parse(const std::string& text, AutotuneTable* out, std::string* why,
+             bool check_shape = true) const;
 
  private:
   void Start();

@@ -86,8 +86,9 @@ struct RunResult {
   std::vector<NetworkChoice> small_after, large_after, unseen_after;
 };
 
+// `shapes`, if given, is each rank's own view of the shape.
 RunResult RunTuners(int ranks, const std::string& shape, const std::vector<std::string>& files,
-                    int batches) {
+                    int batches, const std::vector<std::string>* shapes = nullptr) {
   InProcessGroup group(ranks, 1 << 20);
   RunResult out;
   out.decided_at.assign(ranks, -1);
@@ -99,10 +100,18 @@ RunResult RunTuners(int ranks, const std::string& shape, const std::vector<std::
   out.unseen_after.resize(ranks);
   group.Run([&](int r) {
     InProcessRank plane(group, r);
-    Autotuner tuner(plane, TwoCandidates(), kSteps, "world", shape, files[r],
+    Autotuner tuner(plane, TwoCandidates(), kSteps, "world", shapes ? (*shapes)[r] : shape,
+                    files[r],
                     [&out, r](const std::string& text) { out.printed[r] += text; });
     for (int b = 0; b < batches; ++b) {
       Autotuner::Ticket t;
+      // An empty batch now and then: nothing crosses the network, nothing
+      // is measured, the plan goes on.
+      if (b % 5 == 4) {
+        Expect(tuner.Before(0, &t) == NetworkChoice::kAuto && t.candidate < 0,
+               "an empty batch is not measured" + R(r));
+        tuner.After(t, 5.0);
+      }
       tuner.Before(b % 2 ? kLarge : kSmall, &t);
       if (t.candidate >= 0) ++out.measured[r];
       tuner.After(t, 1e-3);
@@ -216,6 +225,21 @@ void SavedTableIsReused() {
   }
   Expect(Contains(ReadAll(file), "shape ranks=3 step=cross-node"),
          "and saves the new table over the old");
+  // Nodes of different sizes: each rank sees another local size, rank 0's
+  // shape counts, and every rank takes its table (loaded, then measured).
+  const std::vector<std::string> uneven = {"ranks=3 step=cross-node", "ranks=3 local=7",
+                                           "ranks=3 local=9"};
+  RunResult mixed = RunTuners(ranks, "", files, 40, &uneven);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(mixed.decided_at[r] == 0 && mixed.chosen[r] == other.chosen[0],
+           "ranks that see another shape take rank 0's loaded table" + R(r));
+  }
+  std::remove(file.c_str());
+  mixed = RunTuners(ranks, "", files, 40, &uneven);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(mixed.decided_at[r] == 4 * kSteps - 1 && mixed.chosen[r] == other.chosen[0],
+           "and rank 0's measured decision" + R(r));
+  }
   // A malformed file: refused, measured.
   {
     std::ofstream bad(file, std::ios::trunc);
