@@ -190,6 +190,7 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   Autotuner::Ticket ticket;
   network_choice_ = tuner_ ? tuner_->Before(total, &ticket) : NetworkChoice::kAuto;
   if (node_allreduce_) node_allreduce_->SetNetworkChoice(network_choice_);
+  const auto timed_from = Timeline::Clock::now();  // after the tuner's first broadcast
   Phases phases;
   std::vector<Status> status(batch.size());
   std::vector<std::vector<char>> scratch;
@@ -204,7 +205,8 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
     FlatAllreduce(batch, op, total, &phases);
   }
   if (tuner_) {
-    tuner_->After(ticket, std::chrono::duration<double>(Timeline::Clock::now() - start).count());
+    tuner_->After(ticket,
+                  std::chrono::duration<double>(Timeline::Clock::now() - timed_from).count());
   }
   if (ctx_.timeline) RecordAllreduce(batch, total, start, phases);
   if (average_of_active) {
