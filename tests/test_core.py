@@ -172,3 +172,12 @@ def test_process_set_setup_agreement_on_threads_as_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last.endswith(" 0 failures") and int(last.split()[0]) >= 35, proc.stdout
+
+
+def test_autotune_on_threads_as_ranks(tmp_path):
+    """DDL_AUTOTUNE with injected times: the slowest rank's median decides,
+    rank 0's choice reaches every rank at the same batch, the table is
+    printed once and saved, reused for the same job shape and refused for
+    another; whole engines (flat, and 2 nodes x 2 local ranks) give every
+    rank the same bits, the rank-order sum, through the switch."""
+    assert_no_failures(build_and_run("autotune_check.cc", engine_sources(), tmp_path))

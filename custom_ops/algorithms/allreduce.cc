@@ -68,7 +68,10 @@ const std::vector<TransportAllreduce>& AllreduceAlgorithms() {
   return list;
 }
 
-const TransportAllreduce& ChooseAllreduce(int ranks, size_t bytes) {
+const TransportAllreduce& ChooseAllreduce(int ranks, size_t bytes, NetworkChoice choice) {
+  // The list's order: direct exchange first, pairwise + ring last.
+  if (choice == NetworkChoice::kDirectExchange) return AllreduceAlgorithms().front();
+  if (choice == NetworkChoice::kPairwiseRing) return AllreduceAlgorithms().back();
   for (const TransportAllreduce& a : AllreduceAlgorithms()) {
     if (a.suits(ranks, bytes)) return a;
   }

@@ -28,8 +28,26 @@ struct TransportAllreduce {
 // In order of preference; the last one suits every call.
 const std::vector<TransportAllreduce>& AllreduceAlgorithms();
 
-// The first algorithm of the list that suits the call.
-const TransportAllreduce& ChooseAllreduce(int ranks, size_t bytes);
+// Which algorithm a job's network step runs, when someone (the autotuner,
+// engine/autotune.h) has chosen for it instead of the size rule. The flat
+// world and the cross-node step take the first two; the rack grid
+// (rack_allreduce.h) the last four. A choice that does not belong to the
+// step being run means kAuto there. Every rank of a call must pass the
+// same choice: the algorithms send different messages.
+enum class NetworkChoice : uint8_t {
+  kAuto = 0,         // the size rule (ChooseAllreduce, RackGridAllreduce)
+  kDirectExchange,   // DirectExchangeAllreduce
+  kPairwiseRing,     // OrderedAllreduce: pairwise reduce-scatter, ring all-gather
+  kRackExchange,     // RackOrderedExchange
+  kRackPipeline256K, // RackAllreduce in pieces of 256 KiB
+  kRackPipeline1M,   // RackAllreduce in pieces of 1 MiB
+  kRackPipelineEighth,  // RackAllreduce in pieces of an eighth of the call, 1-8 MiB
+};
+
+// The first algorithm of the list that suits the call; with a choice of
+// kDirectExchange or kPairwiseRing, that algorithm whatever the size.
+const TransportAllreduce& ChooseAllreduce(int ranks, size_t bytes,
+                                          NetworkChoice choice = NetworkChoice::kAuto);
 
 // Every rank sends its whole buffer to every other and combines all of
 // them: one round of messages, (ranks - 1) x the buffer sent per rank.

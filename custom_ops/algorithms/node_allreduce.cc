@@ -134,9 +134,9 @@ bool NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataTyp
     // Pieces of an eighth of the slice keep the schedule's four stages
     // overlapped within this chunk.
     const size_t piece = std::clamp<size_t>(wire_bytes / 8, 64 << 10, kRackMaxPieceBytes);
-    RackGridAllreduce(grid_, sent, count, wire, cross_op, piece);
+    RackGridAllreduce(grid_, sent, count, wire, cross_op, piece, choice_);
   } else {
-    ChooseAllreduce(cross_->size(), wire_bytes).run(*cross_, sent, count, wire, cross_op);
+    ChooseAllreduce(cross_->size(), wire_bytes, choice_).run(*cross_, sent, count, wire, cross_op);
   }
   if (wire != dtype) Convert(mine, dtype, sent, wire, count);
   traffic_.cross_node_bytes += wire_bytes;

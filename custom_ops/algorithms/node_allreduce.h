@@ -67,6 +67,10 @@ class NodeAllreduce {
   // column of nodes seen as racks, rack_allreduce.h) instead of `cross`;
   // the grid's transports must outlive this object.
   void UseRacks(const RackGrid& grid) { grid_ = grid; racks_ = true; }
+  // The algorithm of the cross-node step (allreduce.h) for the calls that
+  // follow, until changed; kAuto (the default) is the size rule. Every
+  // rank must set the same choice before the same call.
+  void SetNetworkChoice(NetworkChoice choice) { choice_ = choice; }
 
   // Average divides by `divisor` (0: the world size; the engine passes the
   // ranks still active while some have joined). Over a 16-bit wire the
@@ -102,6 +106,7 @@ class NodeAllreduce {
   Transport* cross_;
   RackGrid grid_{};
   bool racks_ = false;
+  NetworkChoice choice_ = NetworkChoice::kAuto;
   int world_size_;
   TrafficCounters& traffic_;
   uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls

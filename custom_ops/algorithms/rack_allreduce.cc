@@ -163,9 +163,24 @@ size_t RackPieceBytes(size_t call_bytes) {
 }
 
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
-                              ReduceOp op, size_t piece_bytes) {
+                              ReduceOp op, size_t piece_bytes, NetworkChoice choice) {
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
-  if (static_cast<size_t>(grid.all->size() - 1) * bytes <= kRackDirectExchangeBytes) {
+  switch (choice) {
+    case NetworkChoice::kRackPipeline256K:
+      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 256 << 10);
+      return "RACK_ALLREDUCE_256K";
+    case NetworkChoice::kRackPipeline1M:
+      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 1 << 20);
+      return "RACK_ALLREDUCE_1M";
+    case NetworkChoice::kRackPipelineEighth:
+      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, RackPieceBytes(bytes));
+      return "RACK_ALLREDUCE_EIGHTH";
+    default:
+      break;
+  }
+  const bool small = static_cast<size_t>(grid.all->size() - 1) * bytes <= kRackDirectExchangeBytes;
+  // Any other choice (kAuto, or one for another step) is the size rule.
+  if (choice == NetworkChoice::kRackExchange || small) {
     RackOrderedExchange(*grid.all, grid.rack->size(), buffer, count, dtype, op);
     return "RACK_ORDERED_EXCHANGE";
   }

@@ -39,6 +39,7 @@
 
 #include "../common/types.h"
 #include "../transport/transport.h"
+#include "allreduce.h"
 
 namespace ddl {
 
@@ -85,8 +86,12 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
 // The allreduce of a job with racks: the one-round exchange for small
 // calls, the pipelined schedule above for the rest, in pieces of
 // `piece_bytes` (0: RackPieceBytes of the call). Returns the name of the
-// one it ran (the timeline's phase).
+// one it ran (the timeline's phase). A `choice` of kRackExchange,
+// kRackPipeline256K, kRackPipeline1M or kRackPipelineEighth runs that one
+// whatever the size (the pipelines with their own piece size instead of
+// `piece_bytes`); any other choice is the size rule.
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
-                              ReduceOp op, size_t piece_bytes = 0);
+                              ReduceOp op, size_t piece_bytes = 0,
+                              NetworkChoice choice = NetworkChoice::kAuto);
 
 }  // namespace ddl

@@ -33,6 +33,14 @@ struct Config {
   double peer_timeout_s = 15.0;       // DDL_PEER_TIMEOUT_S, 0 = never: silence => dead peer
   int spin_polls = 50;                // DDL_SPIN_POLLS: busy polls before a wait yields
   EnginePriority engine_priority = EnginePriority::kAuto;  // DDL_ENGINE_PRIORITY
+  // DDL_AUTOTUNE=1: time the network step's candidates on the first
+  // allreduce batches and keep the fastest per size class
+  // (engine/autotune.h); DDL_AUTOTUNE_STEPS batches per candidate and
+  // class; DDL_AUTOTUNE_FILE: where rank 0 saves the table and finds it
+  // again on the next run.
+  int autotune = 0;
+  int autotune_steps = 5;
+  std::string autotune_file;
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);

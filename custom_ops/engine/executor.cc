@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -22,6 +23,43 @@ size_t Bytes(const Work& w) { return NumElements(w.shape) * DataTypeSize(w.dtype
 
 void CopyUnlessSame(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+// DDL_AUTOTUNE=1: a tuner of the context's network step (the rack grid,
+// the cross-node step or the flat world), with the algorithms that
+// really exist for it; null where nothing goes over a network or in a
+// process set (which keep the size rule).
+std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
+  if (!ctx.config.autotune || ctx.process_set != 0) return nullptr;
+  std::string step;
+  std::vector<AutotuneCandidate> candidates;
+  if (ctx.racks && ctx.rack_all && ctx.rack_all->size() > 1) {
+    step = "racks";
+    candidates = {{"RACK_ORDERED_EXCHANGE", NetworkChoice::kRackExchange},
+                  {"RACK_ALLREDUCE_256K", NetworkChoice::kRackPipeline256K},
+                  {"RACK_ALLREDUCE_1M", NetworkChoice::kRackPipeline1M},
+                  {"RACK_ALLREDUCE_EIGHTH", NetworkChoice::kRackPipelineEighth}};
+  } else if (ctx.node_memory ? ctx.hierarchical : ctx.size > 1) {
+    step = ctx.node_memory ? "cross-node" : "world";
+    for (const TransportAllreduce& a : AllreduceAlgorithms()) {
+      const bool direct = &a == &AllreduceAlgorithms().front();
+      candidates.push_back(
+          {a.name, direct ? NetworkChoice::kDirectExchange : NetworkChoice::kPairwiseRing});
+    }
+  } else {
+    if (ctx.rank == 0) {
+      std::fprintf(stderr, "keras_ddl autotune: nothing to tune: no allreduce step goes over "
+                           "the network (%d rank(s), one node)\n", ctx.size);
+    }
+    return nullptr;
+  }
+  const std::string shape =
+      "ranks=" + std::to_string(ctx.size) + " local=" + std::to_string(ctx.local_size) +
+      " nodes=" + std::to_string(ctx.cross_size) +
+      " racks=" + std::to_string(ctx.racks ? ctx.topology.num_racks() : 1) + " step=" + step;
+  return std::make_unique<Autotuner>(*ctx.world, std::move(candidates),
+                                     ctx.config.autotune_steps, step, shape,
+                                     ctx.config.autotune_file);
 }
 }  // namespace
 
@@ -90,6 +128,7 @@ Executor::Executor(Context& ctx) : ctx_(ctx) {
     shared_output_ = std::make_unique<SharedOutputAllreduce>(*ctx_.node_memory, ctx_.output_pool,
                                                              *node_allreduce_);
   }
+  tuner_ = MakeTuner(ctx_);
 }
 
 Status Executor::AllocateOutput(Work& w, std::vector<std::vector<char>>* scratch) {
@@ -151,6 +190,12 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   size_t total = 0;
   for (Work* w : batch) total += Bytes(*w);
   const auto start = Timeline::Clock::now();
+  // Every rank runs the same batches in the same order, so the tuner's
+  // plan (and, once decided, its choice) is the same on every rank.
+  Autotuner::Ticket ticket;
+  network_choice_ = tuner_ ? tuner_->Before(total, &ticket) : NetworkChoice::kAuto;
+  if (node_allreduce_) node_allreduce_->SetNetworkChoice(network_choice_);
+  const auto timed_from = Timeline::Clock::now();  // after the tuner's first broadcast
   Phases phases;
   std::vector<Status> status(batch.size());
   std::vector<std::vector<char>> scratch;
@@ -163,6 +208,10 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   } else {
     AllocateOutputs(batch, &status, &scratch);
     FlatAllreduce(batch, op, active, total, &phases);
+  }
+  if (tuner_) {
+    tuner_->After(ticket,
+                  std::chrono::duration<double>(Timeline::Clock::now() - timed_from).count());
   }
   if (ctx_.timeline) RecordAllreduce(batch, total, start, phases);
   if (divide_after) {
@@ -225,11 +274,12 @@ void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
     // One rank per node: the grid is the world, racks-major.
     const char* name = RackGridAllreduce(
         {ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()}, buffer, count, wire,
-        op);
+        op, kRackPieceBytes, network_choice_);
     phases->emplace_back(name, seconds_since(t));
     traffic_.rack_bytes += count * wire_elem;
   } else {
-    const TransportAllreduce& algorithm = ChooseAllreduce(ctx_.size, count * wire_elem);
+    const TransportAllreduce& algorithm =
+        ChooseAllreduce(ctx_.size, count * wire_elem, network_choice_);
     algorithm.run(*ctx_.world, buffer, count, wire, op);
     phases->emplace_back(algorithm.name, seconds_since(t));
     traffic_.flat_bytes += count * wire_elem;

@@ -9,6 +9,7 @@
 
 #include "../algorithms/node_allreduce.h"
 #include "../algorithms/shared_output_allreduce.h"
+#include "autotune.h"
 #include "context.h"
 #include "work.h"
 
@@ -61,6 +62,9 @@ class Executor {
 
   std::unique_ptr<NodeAllreduce> node_allreduce_;  // when the node shares memory
   std::unique_ptr<SharedOutputAllreduce> shared_output_;  // one node with an output pool
+  // DDL_AUTOTUNE=1 in the global context with a network step; else null.
+  std::unique_ptr<Autotuner> tuner_;
+  NetworkChoice network_choice_ = NetworkChoice::kAuto;  // of the batch running
 };
 
 }  // namespace ddl

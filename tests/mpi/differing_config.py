@@ -19,8 +19,11 @@ SHARED = [
     ("DDL_ALLREDUCE", "flat", "auto"),
     ("DDL_LOCAL_SIZE", "1", None),  # the last rank: the world size (both divide it)
     ("DDL_SHM_POOL_MB", "0", "16"),
+    ("DDL_AUTOTUNE", "0", "1"),
+    ("DDL_AUTOTUNE_STEPS", "5", "7"),
 ]
 PER_RANK = [("DDL_SPIN_POLLS", "50", "7"), ("DDL_ENGINE_PRIORITY", "normal", "high"),
+            ("DDL_AUTOTUNE_FILE", "/nonexistent/a", "/nonexistent/b"),
             ("DDL_CYCLE_TIME_MS", "1", "2")]
 
 

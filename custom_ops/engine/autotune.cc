@@ -1,0 +1,327 @@
+#include "autotune.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <unistd.h>
+
+namespace ddl {
+
+namespace {
+
+AutotuneTimeHook& Hook() {
+  static AutotuneTimeHook hook;
+  return hook;
+}
+
+constexpr const char* kHeader = "keras_ddl autotune table v1";
+
+// Doubles as bytes and back (the gather's payload; one machine's ranks
+// and a cluster's share the representation, IEEE doubles).
+void PutDouble(std::vector<char>* out, double v) {
+  const char* p = reinterpret_cast<const char*>(&v);
+  out->insert(out->end(), p, p + sizeof v);
+}
+double GetDouble(const std::vector<char>& in, size_t* at) {
+  double v = std::numeric_limits<double>::quiet_NaN();
+  if (*at + sizeof v <= in.size()) std::memcpy(&v, in.data() + *at, sizeof v);
+  *at += sizeof v;
+  return v;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string Format(const char* fmt, double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, fmt, v);
+  return text;
+}
+
+}  // namespace
+
+void SetAutotuneTimeHook(AutotuneTimeHook hook) { Hook() = std::move(hook); }
+
+int Autotuner::SizeClass(size_t bytes) {
+  const size_t bounds[kClasses - 1] = {64 << 10, 1 << 20, 8 << 20, 64 << 20};
+  int c = 0;
+  while (c < kClasses - 1 && bytes >= bounds[c]) ++c;
+  return c;
+}
+
+const char* Autotuner::ClassName(int size_class) {
+  static const char* names[kClasses] = {"< 64 KiB", "64 KiB - 1 MiB", "1 - 8 MiB", "8 - 64 MiB",
+                                        ">= 64 MiB"};
+  return names[size_class];
+}
+
+Autotuner::Autotuner(ControlPlane& plane, std::vector<AutotuneCandidate> candidates, int steps,
+                     std::string step, std::string shape, std::string file,
+                     std::function<void(const std::string&)> print)
+    : plane_(plane), candidates_(std::move(candidates)), steps_(std::max(1, steps)),
+      step_(std::move(step)), shape_(std::move(shape)), file_(std::move(file)),
+      print_(std::move(print)), seen_(kClasses, false), batches_(kClasses, 0),
+      samples_(kClasses, std::vector<std::vector<double>>(candidates_.size())) {
+  if (!print_) print_ = [](const std::string& text) { std::fputs(text.c_str(), stderr); };
+  table_.median.assign(kClasses, std::vector<double>(candidates_.size(),
+                                                     std::numeric_limits<double>::quiet_NaN()));
+  table_.chosen.assign(kClasses, -1);
+}
+
+NetworkChoice Autotuner::Before(size_t bytes, Ticket* ticket) {
+  if (!started_) Start();
+  *ticket = Ticket{};
+  if (bytes == 0) return NetworkChoice::kAuto;  // nothing crosses the network
+  const int c = SizeClass(bytes);
+  ticket->size_class = c;
+  if (decided_) {
+    return table_.chosen[c] >= 0 ? candidates_[table_.chosen[c]].choice : NetworkChoice::kAuto;
+  }
+  seen_[c] = true;
+  const int n = static_cast<int>(candidates_.size());
+  const int k = batches_[c];
+  if (k >= steps_ * n) return NetworkChoice::kAuto;  // this class is measured
+  ++batches_[c];
+  // Candidates take turns, so a slow start (first-touch allocations) or a
+  // drift in the machine's load falls on all of them alike.
+  ticket->candidate = k % n;
+  ticket->sample = k / n;
+  return candidates_[ticket->candidate].choice;
+}
+
+void Autotuner::After(const Ticket& ticket, double seconds) {
+  if (decided_ || ticket.size_class < 0) return;
+  if (ticket.candidate >= 0) {
+    const AutotuneTimeHook& hook = Hook();
+    const double t = hook ? hook(plane_.rank(), ticket.size_class, ticket.candidate,
+                                 ticket.sample, seconds)
+                          : seconds;
+    samples_[ticket.size_class][ticket.candidate].push_back(t);
+  }
+  const int needed = steps_ * static_cast<int>(candidates_.size());
+  for (int c = 0; c < kClasses; ++c) {
+    if (seen_[c] && batches_[c] < needed) return;
+  }
+  // Every rank completes its last class at the same batch.
+  Finish();
+}
+
+void Autotuner::Start() {
+  started_ = true;
+  // Rank 0's saved table, if it has one of this shape, is every rank's.
+  std::vector<char> payload;
+  if (plane_.rank() == 0 && !file_.empty()) {
+    std::ifstream in(file_);
+    if (in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      AutotuneTable loaded;
+      std::string why;
+      if (Parse(text.str(), &loaded, &why)) {
+        const std::string s = text.str();
+        payload.assign(s.begin(), s.end());
+      } else {
+        print_("keras_ddl: warning: not using DDL_AUTOTUNE_FILE=" + file_ + ": " + why +
+               "; measuring again\n");
+      }
+    }
+  }
+  plane_.BroadcastBytes(payload, 0);
+  if (payload.empty()) return;
+  std::string why;
+  if (!Parse(std::string(payload.begin(), payload.end()), &table_, &why, false)) {
+    // Rank 0 parsed the same text with the same shape: cannot differ.
+    throw std::runtime_error("autotune: rank 0's saved table does not parse here: " + why);
+  }
+  decided_ = true;
+  if (plane_.rank() == 0) print_(Describe("loaded from " + file_ + ", not measured again"));
+}
+
+void Autotuner::Finish() {
+  // This rank's times: per class and candidate, a count and the values.
+  std::vector<char> mine;
+  for (const auto& per_class : samples_) {
+    for (const auto& values : per_class) {
+      PutDouble(&mine, static_cast<double>(values.size()));
+      for (double v : values) PutDouble(&mine, v);
+    }
+  }
+  std::vector<std::vector<char>> all = plane_.GatherBytes(mine, 0);
+  std::vector<char> decision;
+  const int n = static_cast<int>(candidates_.size());
+  if (plane_.rank() == 0) {
+    std::vector<Samples> per_rank;
+    for (const std::vector<char>& bytes : all) {
+      Samples s(kClasses, std::vector<std::vector<double>>(n));
+      size_t at = 0;
+      for (int c = 0; c < kClasses; ++c) {
+        for (int k = 0; k < n; ++k) {
+          const double count = GetDouble(bytes, &at);
+          for (int i = 0; i < static_cast<int>(count); ++i) s[c][k].push_back(GetDouble(bytes, &at));
+        }
+      }
+      per_rank.push_back(std::move(s));
+    }
+    table_ = Decide(per_rank, n);
+    const std::string text = Serialize();
+    decision.assign(text.begin(), text.end());
+  }
+  plane_.BroadcastBytes(decision, 0);
+  std::string why;
+  if (!Parse(std::string(decision.begin(), decision.end()), &table_, &why, false)) {
+    throw std::runtime_error("autotune: rank 0's decision does not parse: " + why);
+  }
+  decided_ = true;
+  if (plane_.rank() == 0) {
+    print_(Describe("measured " + std::to_string(steps_) +
+                    " batches per candidate and size class"));
+    Save();
+  }
+}
+
+AutotuneTable Autotuner::Decide(const std::vector<Samples>& per_rank, int candidates) {
+  AutotuneTable t;
+  t.median.assign(kClasses,
+                  std::vector<double>(candidates, std::numeric_limits<double>::quiet_NaN()));
+  t.chosen.assign(kClasses, -1);
+  for (int c = 0; c < kClasses; ++c) {
+    for (int k = 0; k < candidates; ++k) {
+      // Samples every rank has (all of them, unless a rank's list is short).
+      size_t samples = std::numeric_limits<size_t>::max();
+      for (const Samples& s : per_rank) samples = std::min(samples, s[c][k].size());
+      if (per_rank.empty() || samples == 0) continue;
+      std::vector<double> slowest(samples, -std::numeric_limits<double>::infinity());
+      for (const Samples& s : per_rank) {
+        for (size_t i = 0; i < samples; ++i) slowest[i] = std::max(slowest[i], s[c][k][i]);
+      }
+      t.median[c][k] = Median(slowest);
+      if (t.chosen[c] < 0 || t.median[c][k] < t.median[c][t.chosen[c]]) t.chosen[c] = k;
+    }
+  }
+  return t;
+}
+
+std::string Autotuner::Describe(const std::string& how) const {
+  std::ostringstream out;
+  out << "keras_ddl autotune: the " << step_ << " step's allreduce (" << shape_ << "), " << how
+      << "; time = median over batches of the slowest rank's time\n";
+  size_t width = 9;
+  for (const AutotuneCandidate& k : candidates_) width = std::max(width, k.name.size());
+  auto pad = [](std::string s, size_t w) {
+    s.resize(std::max(w, s.size()), ' ');
+    return s;
+  };
+  out << "  " << pad("size class", 16) << pad("candidate", width + 2) << "slowest-rank median"
+      << "  chosen\n";
+  for (int c = 0; c < kClasses; ++c) {
+    bool any = false;
+    for (double m : table_.median[c]) any = any || !std::isnan(m);
+    if (!any) {
+      out << "  " << pad(ClassName(c), 16) << "(no batch of this size while tuning: size rule)\n";
+      continue;
+    }
+    for (size_t k = 0; k < candidates_.size(); ++k) {
+      const double m = table_.median[c][k];
+      std::string row = "  " + pad(k == 0 ? ClassName(c) : "", 16) +
+                        pad(candidates_[k].name, width + 2) +
+                        pad(std::isnan(m) ? "-" : Format("%10.3f ms", m * 1e3), 21) +
+                        (table_.chosen[c] == static_cast<int>(k) ? "  *" : "");
+      out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";
+    }
+  }
+  return out.str();
+}
+
+std::string Autotuner::Serialize() const {
+  std::ostringstream out;
+  out << kHeader << "\n";
+  out << "shape " << shape_ << "\n";
+  out << "candidates";
+  for (const AutotuneCandidate& k : candidates_) out << " " << k.name;
+  out << "\n";
+  for (int c = 0; c < kClasses; ++c) {
+    out << "class " << c << " chosen " << table_.chosen[c] << " median_seconds";
+    for (double m : table_.median[c]) out << " " << (std::isnan(m) ? "nan" : Format("%.9g", m));
+    out << "\n";
+  }
+  return out.str();
+}
+
+bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* why,
+                      bool check_shape) const {
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != kHeader) {
+    *why = "not a keras_ddl autotune table";
+    return false;
+  }
+  if (!std::getline(in, line) || line.rfind("shape ", 0) != 0 ||
+      (check_shape && line != "shape " + shape_)) {
+    *why = "it was measured for another job shape (" +
+           (line.rfind("shape ", 0) == 0 ? line.substr(6) : std::string("unknown")) +
+           "; this job: " + shape_ + ")";
+    return false;
+  }
+  std::string names = "candidates";
+  for (const AutotuneCandidate& k : candidates_) names += " " + k.name;
+  if (!std::getline(in, line) || line != names) {
+    *why = "it has other candidates (" + line + "; this job: " + names + ")";
+    return false;
+  }
+  AutotuneTable t;
+  const int n = static_cast<int>(candidates_.size());
+  for (int c = 0; c < kClasses; ++c) {
+    std::string word1, word2, word3;
+    int index = -1, chosen = -2;
+    if (!std::getline(in, line)) {
+      *why = "it ends early";
+      return false;
+    }
+    std::istringstream row(line);
+    row >> word1 >> index >> word2 >> chosen >> word3;
+    std::vector<double> medians;
+    for (std::string v; row >> v;) medians.push_back(v == "nan" ? std::nan("") : std::atof(v.c_str()));
+    if (word1 != "class" || index != c || word2 != "chosen" || chosen < -1 || chosen >= n ||
+        word3 != "median_seconds" || static_cast<int>(medians.size()) != n) {
+      *why = "malformed line '" + line + "'";
+      return false;
+    }
+    t.chosen.push_back(chosen);
+    t.median.push_back(medians);
+  }
+  *out = std::move(t);
+  return true;
+}
+
+void Autotuner::Save() const {
+  if (file_.empty()) return;
+  // Written beside the file and renamed over it: a reader (another job
+  // starting) sees the old table or the new one, never half of one.
+  const std::string tmp = file_ + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << Serialize();
+    out.close();
+    if (!out) {
+      print_("keras_ddl: warning: could not write DDL_AUTOTUNE_FILE=" + file_ + "\n");
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  if (std::rename(tmp.c_str(), file_.c_str()) != 0) {
+    print_("keras_ddl: warning: could not write DDL_AUTOTUNE_FILE=" + file_ + "\n");
+    std::remove(tmp.c_str());
+  }
+}
+
+}  // namespace ddl

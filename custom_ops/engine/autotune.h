@@ -1,0 +1,125 @@
+// DDL_AUTOTUNE=1: picks the network step's algorithm per size of fused
+// batch by timing the candidates on the job's own allreduces during its
+// first steps, and shows what it measured (docs/topology.md, "Autotune").
+//
+// The executor asks Before() for the choice of every allreduce batch and
+// reports its time to After(). Batches come from negotiated responses, so
+// every rank of the job sees the same batches in the same order, of the
+// same byte size: each rank counts them and reaches the same plan without
+// talking. For each size class the first DDL_AUTOTUNE_STEPS x candidates
+// batches cycle through the candidates (c0 c1 c0 c1 ...); further batches
+// of a class that is done run the size rule. After the batch that
+// completes the last class seen so far, every rank sends its times to rank
+// 0 (GatherBytes); rank 0 takes, per sample, the slowest rank's time (a
+// collective is as fast as its slowest rank) and, per candidate, the
+// median over samples; it picks the fastest and broadcasts the table
+// (BroadcastBytes), so every rank switches at the same batch. A class not
+// seen by then keeps the size rule. Rank 0 prints the table to stderr and,
+// with DDL_AUTOTUNE_FILE, saves it; a later run of the same shape loads it
+// at its first batch instead of measuring.
+//
+// Plain C++: no MPI, TensorFlow or engine types, so tests/core drives it
+// over threads as ranks.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../algorithms/allreduce.h"
+#include "../transport/control_plane.h"
+
+namespace ddl {
+
+struct AutotuneCandidate {
+  std::string name;  // as printed and saved
+  NetworkChoice choice;
+};
+
+// Replaces each measured time by hook(rank, size class, candidate, sample,
+// measured) while set (tests: a deterministic decision); null: the times
+// as measured. Set it before the engines start.
+using AutotuneTimeHook = std::function<double(int, int, int, int, double)>;
+void SetAutotuneTimeHook(AutotuneTimeHook hook);
+
+// What was measured and chosen: per size class, the median of the slowest
+// rank's times per candidate (NaN: not measured) and the chosen
+// candidate's index (-1: none, the size rule).
+struct AutotuneTable {
+  std::vector<std::vector<double>> median;  // [class][candidate], seconds
+  std::vector<int> chosen;                  // [class]
+};
+
+class Autotuner {
+ public:
+  static constexpr int kClasses = 5;
+  // Class of a fused batch of `bytes`: < 64 KiB, < 1 MiB, < 8 MiB,
+  // < 64 MiB, the rest.
+  static int SizeClass(size_t bytes);
+  static const char* ClassName(int size_class);
+
+  // `step`: which network step is tuned ("world", "cross-node", "racks"),
+  // for the table. `shape`: the job's shape (ranks, nodes, racks, step); a
+  // saved table is reused only for the same shape and candidates. `file`:
+  // DDL_AUTOTUNE_FILE of this rank (only rank 0's is read and written).
+  // `print`: where rank 0's table goes (stderr when null).
+  Autotuner(ControlPlane& plane, std::vector<AutotuneCandidate> candidates, int steps,
+            std::string step, std::string shape, std::string file,
+            std::function<void(const std::string&)> print = nullptr);
+
+  // One batch's place in the plan.
+  struct Ticket {
+    int size_class = -1;
+    int candidate = -1;  // -1: not a measured batch
+    int sample = -1;
+  };
+  // The choice for the next allreduce batch, of `bytes` (the same calls,
+  // in the same order, on every rank). The first call is collective (it
+  // broadcasts rank 0's saved table, if any).
+  NetworkChoice Before(size_t bytes, Ticket* ticket);
+  // This rank's seconds for the batch `ticket` came with. Collective at
+  // the batch that completes the measurements.
+  void After(const Ticket& ticket, double seconds);
+
+  bool decided() const { return decided_; }
+  const AutotuneTable& table() const { return table_; }
+  const std::vector<AutotuneCandidate>& candidates() const { return candidates_; }
+
+  // Rank 0's decision from every rank's times, samples[rank][class]
+  // [candidate][sample]: per sample the slowest rank, per candidate the
+  // median over samples, per class the fastest candidate (the first of
+  // equals).
+  using Samples = std::vector<std::vector<std::vector<double>>>;
+  static AutotuneTable Decide(const std::vector<Samples>& per_rank, int candidates);
+
+  // The table as printed (headed "keras_ddl autotune:").
+  std::string Describe(const std::string& how) const;
+  // The saved form and back; Parse fails (with the reason) on another
+  // candidate list, a malformed text or, with `check_shape`, another
+  // shape. What rank 0 broadcasts is parsed without the shape check: a
+  // job whose nodes differ in size shows each rank another local size,
+  // and rank 0's shape is the one that counts.
+  std::string Serialize() const;
+  bool Parse(const std::string& text, AutotuneTable* out, std::string* why,
+             bool check_shape = true) const;
+
+ private:
+  void Start();
+  void Finish();
+  void Save() const;
+
+  ControlPlane& plane_;
+  std::vector<AutotuneCandidate> candidates_;
+  int steps_;
+  std::string step_, shape_, file_;
+  std::function<void(const std::string&)> print_;
+  bool started_ = false;
+  bool decided_ = false;
+  std::vector<bool> seen_;
+  std::vector<int> batches_;  // measured batches so far, per class
+  Samples samples_;           // this rank's, [class][candidate][sample]
+  AutotuneTable table_;
+};
+
+}  // namespace ddl

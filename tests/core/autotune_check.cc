@@ -1,0 +1,386 @@
+// DDL_AUTOTUNE (custom_ops/engine/autotune.h) with threads as ranks
+// (tests/core/in_process.h). A hook replaces the measured times by
+// injected ones, so the decision is known in advance:
+//   decide   - 2 and 3 ranks: the slowest rank's time per sample and the
+//              median over samples pick the candidate (min over ranks, or
+//              the mean, would pick another); every rank gets rank 0's
+//              choice at the same batch, though each rank's own times
+//              point elsewhere; the table is printed once, by rank 0;
+//   file     - the table saved by rank 0 is loaded by the next run of the
+//              same shape (nothing measured), refused with a warning for
+//              another shape (measured again);
+//   engine   - whole Engines (flat over 3 ranks, and 2 nodes x 2 local
+//              ranks through shared memory) with DDL_AUTOTUNE=1: results
+//              bitwise equal on every rank and equal to the rank-order sum
+//              before, during and after the switch to the tuned choice.
+// Prints one line per failure and "<N> checks, <F> failures".
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "check.h"
+#include "engine/autotune.h"
+#include "engine/engine.h"
+#include "in_process.h"
+
+using namespace ddl;
+using ddl_test::Expect;
+using ddl_test::InProcessGroup;
+using ddl_test::InProcessRank;
+
+namespace {
+
+std::string R(int rank) { return " (rank " + std::to_string(rank) + ")"; }
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::vector<AutotuneCandidate> TwoCandidates() {
+  return {{"DIRECT_EXCHANGE_ALLREDUCE", NetworkChoice::kDirectExchange},
+          {"PAIRWISE_RING_ALLREDUCE", NetworkChoice::kPairwiseRing}};
+}
+
+constexpr size_t kSmall = 1 << 10;       // class 0
+constexpr size_t kLarge = 2 << 20;       // class 2
+constexpr int kSteps = 3;
+
+// Injected times (ms), chosen so that each rule picks differently:
+//   class 0: candidate 0 is fast on rank 0 (1) and slow on the last rank
+//            (10); candidate 1 takes 3 everywhere. Slowest rank: 1 wins;
+//            fastest rank (min): 0 would; rank 0 alone: 0.
+//   class 2: candidate 0 takes 2 everywhere, candidate 1 takes 0.5 on
+//            rank 0 and 4 elsewhere. Slowest: 0 wins; min: 1 would.
+//            One sample of candidate 0 is an outlier of 50 on the last
+//            rank: the median ignores it, a mean (19.3) would pick 1.
+double Injected(int ranks, int rank, int c, int k, int sample) {
+  const bool last = rank == ranks - 1;
+  if (c == 0) return k == 0 ? (last ? 10 : 1) : 3;
+  if (c == 2) {
+    if (k == 0) return last && sample == 1 ? 50 : 2;
+    return rank == 0 ? 0.5 : 4;
+  }
+  return 7;
+}
+
+// Runs a tuner per rank over `ranks` threads; batches alternate small and
+// large. Returns, per rank, the batch index at which it was decided, and
+// fills each rank's final choices and what rank r printed.
+struct RunResult {
+  std::vector<int> decided_at;
+  std::vector<std::vector<int>> chosen;
+  std::vector<std::string> printed;
+  std::vector<int> measured;  // batches that carried a measurement, per rank
+  std::vector<NetworkChoice> small_after, large_after, unseen_after;
+};
+
+// `shapes`, if given, is each rank's own view of the shape.
+RunResult RunTuners(int ranks, const std::string& shape, const std::vector<std::string>& files,
+                    int batches, const std::vector<std::string>* shapes = nullptr) {
+  InProcessGroup group(ranks, 1 << 20);
+  RunResult out;
+  out.decided_at.assign(ranks, -1);
+  out.chosen.resize(ranks);
+  out.printed.resize(ranks);
+  out.measured.assign(ranks, 0);
+  out.small_after.resize(ranks);
+  out.large_after.resize(ranks);
+  out.unseen_after.resize(ranks);
+  group.Run([&](int r) {
+    InProcessRank plane(group, r);
+    Autotuner tuner(plane, TwoCandidates(), kSteps, "world", shapes ? (*shapes)[r] : shape,
+                    files[r],
+                    [&out, r](const std::string& text) { out.printed[r] += text; });
+    for (int b = 0; b < batches; ++b) {
+      Autotuner::Ticket t;
+      // An empty batch now and then: nothing crosses the network, nothing
+      // is measured, the plan goes on.
+      if (b % 5 == 4) {
+        Expect(tuner.Before(0, &t) == NetworkChoice::kAuto && t.candidate < 0,
+               "an empty batch is not measured" + R(r));
+        tuner.After(t, 5.0);
+      }
+      tuner.Before(b % 2 ? kLarge : kSmall, &t);
+      if (t.candidate >= 0) ++out.measured[r];
+      tuner.After(t, 1e-3);
+      if (tuner.decided() && out.decided_at[r] < 0) out.decided_at[r] = b;
+    }
+    out.chosen[r] = tuner.table().chosen;
+    Autotuner::Ticket t;
+    out.small_after[r] = tuner.Before(kSmall, &t);
+    out.large_after[r] = tuner.Before(kLarge, &t);
+    out.unseen_after[r] = tuner.Before(200 << 10, &t);
+  });
+  return out;
+}
+
+void InjectTimes(int ranks) {
+  SetAutotuneTimeHook([ranks](int rank, int c, int k, int sample, double) {
+    return Injected(ranks, rank, c, k, sample) * 1e-3;
+  });
+}
+
+void DecisionFromTheSlowestRank() {
+  for (int ranks : {2, 3}) {
+    const std::string n = " (" + std::to_string(ranks) + " ranks)";
+    InjectTimes(ranks);
+    RunResult res = RunTuners(ranks, "test", std::vector<std::string>(ranks), 40);
+    for (int r = 0; r < ranks; ++r) {
+      // 2 classes x 2 candidates x kSteps samples; decided after the
+      // batch that completes them: batch 4 x kSteps - 1.
+      Expect(res.decided_at[r] == 4 * kSteps - 1,
+             "decided after the last measured batch" + n + R(r) + ": batch " +
+                 std::to_string(res.decided_at[r]));
+      Expect(res.measured[r] == 4 * kSteps, "measured batches" + n + R(r));
+      Expect(res.chosen[r].size() == 5 && res.chosen[r][0] == 1,
+             "class 0: the slowest rank's times choose candidate 1" + n + R(r));
+      Expect(res.chosen[r].size() == 5 && res.chosen[r][2] == 0,
+             "class 2: the slowest rank's median chooses candidate 0" + n + R(r));
+      Expect(res.chosen[r].size() == 5 && res.chosen[r][1] == -1 && res.chosen[r][3] == -1 &&
+                 res.chosen[r][4] == -1,
+             "classes without traffic keep the size rule" + n + R(r));
+      Expect(res.chosen[r] == res.chosen[0], "every rank has rank 0's choice" + n + R(r));
+      Expect(res.small_after[r] == NetworkChoice::kPairwiseRing &&
+                 res.large_after[r] == NetworkChoice::kDirectExchange &&
+                 res.unseen_after[r] == NetworkChoice::kAuto,
+             "after the decision Before() returns the chosen algorithm" + n + R(r));
+      const bool table = Contains(res.printed[r], "keras_ddl autotune:");
+      Expect(r == 0 ? table : res.printed[r].empty(), "only rank 0 prints" + n + R(r));
+    }
+    const std::string& p = res.printed[0];
+    Expect(p.find("keras_ddl autotune:") == p.rfind("keras_ddl autotune:"),
+           "one table" + n + ":\n" + p);
+    Expect(Contains(p, "10.000 ms") && Contains(p, "3.000 ms") && Contains(p, "2.000 ms") &&
+               Contains(p, "4.000 ms"),
+           "the table shows the slowest rank's medians" + n + ":\n" + p);
+    Expect(Contains(p, "(no batch of this size while tuning: size rule)"),
+           "the table names the classes not seen" + n + ":\n" + p);
+    // Decide on its own: max over ranks, median over samples.
+    Autotuner::Samples a(5, std::vector<std::vector<double>>(2)), b = a;
+    a[0][0] = {1, 1, 1};
+    b[0][0] = {5, 2, 9};
+    a[0][1] = {3, 3, 3};
+    b[0][1] = {3, 4, 3};
+    AutotuneTable t = Autotuner::Decide({a, b}, 2);
+    Expect(t.median[0][0] == 5 && t.median[0][1] == 3 && t.chosen[0] == 1,
+           "Decide: median of per-sample maxima");
+  }
+  SetAutotuneTimeHook(nullptr);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void SavedTableIsReused() {
+  constexpr int ranks = 3;
+  char dir_template[] = "/tmp/ddl_autotune_XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string file = dir + "/table.txt";
+  // Only rank 0's file counts (the others have none).
+  const std::vector<std::string> files = {file, "", ""};
+  InjectTimes(ranks);
+  RunResult first = RunTuners(ranks, "ranks=3 step=world", files, 40);
+  const std::string saved = ReadAll(file);
+  Expect(Contains(saved, "keras_ddl autotune table v1") && Contains(saved, "shape ranks=3"),
+         "rank 0 saved the table:\n" + saved);
+  Expect(access((file + ".tmp." + std::to_string(getpid())).c_str(), F_OK) != 0,
+         "no temporary file is left behind");
+  // The next run of the same shape: times that would choose otherwise.
+  SetAutotuneTimeHook([](int, int c, int k, int, double) { return (k == 0 ? 1 : 9) * 1e-3 + c; });
+  RunResult again = RunTuners(ranks, "ranks=3 step=world", files, 40);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(again.decided_at[r] == 0 && again.measured[r] == 0,
+           "a saved table of this shape is used from the first batch" + R(r));
+    Expect(again.chosen[r] == first.chosen[0], "the loaded choice is the saved one" + R(r));
+  }
+  Expect(Contains(again.printed[0], "keras_ddl autotune:") &&
+             Contains(again.printed[0], "loaded from " + file),
+         "rank 0 prints the loaded table:\n" + again.printed[0]);
+  Expect(Contains(again.printed[0], "10.000 ms"), "the loaded table has the saved medians");
+  // Another shape: a warning, then measured again (with the new times).
+  RunResult other = RunTuners(ranks, "ranks=3 step=cross-node", files, 40);
+  Expect(Contains(other.printed[0], "warning: not using DDL_AUTOTUNE_FILE=" + file) &&
+             Contains(other.printed[0], "another job shape (ranks=3 step=world; this job: "
+                                        "ranks=3 step=cross-node)"),
+         "a table of another shape is refused, naming both shapes:\n" + other.printed[0]);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(other.measured[r] == 4 * kSteps && other.chosen[r][0] == 0 && other.chosen[r][2] == 0,
+           "another shape measures again" + R(r));
+  }
+  Expect(Contains(ReadAll(file), "shape ranks=3 step=cross-node"),
+         "and saves the new table over the old");
+  // Nodes of different sizes: each rank sees another local size, rank 0's
+  // shape counts, and every rank takes its table (loaded, then measured).
+  const std::vector<std::string> uneven = {"ranks=3 step=cross-node", "ranks=3 local=7",
+                                           "ranks=3 local=9"};
+  RunResult mixed = RunTuners(ranks, "", files, 40, &uneven);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(mixed.decided_at[r] == 0 && mixed.chosen[r] == other.chosen[0],
+           "ranks that see another shape take rank 0's loaded table" + R(r));
+  }
+  std::remove(file.c_str());
+  mixed = RunTuners(ranks, "", files, 40, &uneven);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(mixed.decided_at[r] == 4 * kSteps - 1 && mixed.chosen[r] == other.chosen[0],
+           "and rank 0's measured decision" + R(r));
+  }
+  // A malformed file: refused, measured.
+  {
+    std::ofstream bad(file, std::ios::trunc);
+    bad << "keras_ddl autotune table v1\nshape ranks=3 step=world\nrubbish\n";
+  }
+  RunResult broken = RunTuners(ranks, "ranks=3 step=world", files, 40);
+  Expect(Contains(broken.printed[0], "warning: not using") && broken.measured[0] == 4 * kSteps,
+         "a malformed file is refused and the job measures:\n" + broken.printed[0]);
+  SetAutotuneTimeHook(nullptr);
+  std::remove(file.c_str());
+  rmdir(dir.c_str());
+}
+
+// Whole engines: many allreduces of two sizes, each of values that make
+// the rank-order sum matter, through measuring, the decision and after.
+class Env {
+ public:
+  Env(const char* k, const char* v) : k_(k) { setenv(k, v, 1); }
+  ~Env() { unsetenv(k_); }
+
+ private:
+  const char* k_;
+};
+
+float Value(int rank, int call, int64_t i) {
+  // Different magnitudes: (x0 + x1) + x2 != x0 + (x1 + x2) in float.
+  const uint32_t h = static_cast<uint32_t>((rank + 1) * 2654435761u ^ (call * 40503u) ^
+                                           static_cast<uint32_t>(i * 97));
+  return std::ldexp(static_cast<float>(h % 100000) / 7.0f, static_cast<int>(rank * 9) - 9);
+}
+
+void EnginesThroughTheSwitch(int ranks, const char* local_size, const std::string& what) {
+  char dir_template[] = "/tmp/ddl_autotune_XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string file = dir + "/table.txt";
+  Env a("DDL_AUTOTUNE", "1"), b("DDL_AUTOTUNE_STEPS", "2"), c("DDL_LOCAL_SIZE", local_size),
+      d("DDL_AUTOTUNE_FILE", file.c_str());
+  // Candidate 1 (pairwise + ring) is made fastest for small batches, which
+  // the size rule gives to the direct exchange: the switch changes the
+  // algorithm of small batches.
+  SetAutotuneTimeHook([](int, int c, int k, int, double) { return (k == 1 ? 1 : 2) * 1e-3 + c; });
+  InProcessGroup group(ranks, 1 << 16);
+  constexpr int kCalls = 24;
+  const std::vector<int64_t> sizes = {301, 70000};  // floats: classes 0 and 1
+  std::vector<std::vector<std::vector<float>>> out(ranks);
+  std::mutex errors_mutex;
+  std::string errors;
+  group.Run([&](int r) {
+    std::unique_ptr<Context> ctx;
+    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
+    if (!s.ok()) throw std::runtime_error("context: " + s.message());
+    ctx->end_process_on_peer_failure = false;
+    Engine engine(std::move(ctx));
+    for (int call = 0; call < kCalls; ++call) {
+      const int64_t n = sizes[call % 2];
+      std::vector<float> in(n);
+      for (int64_t i = 0; i < n; ++i) in[i] = Value(r, call, i);
+      std::vector<float> result(n, -1.0f);
+      std::atomic<bool> done{false};
+      Status status;
+      Work w;
+      w.name = "t" + std::to_string(call);
+      w.collective = Collective::kAllreduce;
+      w.dtype = w.wire = DataType::kFloat32;
+      w.op = ReduceOp::kSum;
+      w.shape = {n};
+      w.input = in.data();
+      w.output = result.data();
+      w.done = [&](const Status& st) {
+        status = st;
+        done = true;
+      };
+      std::vector<Work> works;
+      works.push_back(std::move(w));
+      engine.EnqueueAndDrive(std::move(works));
+      while (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(errors_mutex);
+        errors += status.message() + R(r) + "\n";
+      }
+      out[r].push_back(std::move(result));
+    }
+    engine.Shutdown();
+  });
+  Expect(errors.empty(), what + ": every call succeeded:\n" + errors);
+  int equal = 0, exact = 0;
+  for (int call = 0; call < kCalls; ++call) {
+    const int64_t n = sizes[call % 2];
+    bool same = true, right = true;
+    for (int r = 1; r < ranks; ++r) {
+      same = same && out[r].size() == out[0].size() &&
+             std::memcmp(out[r][call].data(), out[0][call].data(), n * sizeof(float)) == 0;
+    }
+    // The rank-order sum, with the node's ranks first when hierarchical
+    // (local ranks in order, then nodes in order).
+    const int local = std::atoi(local_size);
+    for (int64_t i = 0; i < n && right; ++i) {
+      float total = 0;
+      for (int node = 0; node < ranks / local; ++node) {
+        float part = Value(node * local, call, i);
+        for (int l = 1; l < local; ++l) part += Value(node * local + l, call, i);
+        total = node == 0 ? part : total + part;
+      }
+      right = std::memcmp(&total, &out[0][call][i], sizeof total) == 0;
+    }
+    equal += same;
+    exact += right;
+    Expect(same, what + ": call " + std::to_string(call) + " bitwise equal on every rank");
+    Expect(right, what + ": call " + std::to_string(call) + " is the rank-order sum");
+  }
+  const std::string saved = ReadAll(file);
+  Expect(Contains(saved, "class 0 chosen 1 "), what + ": the small class chose candidate 1:\n" +
+                                                   saved);
+  std::printf("%s: %d of %d calls bitwise equal, %d exact\n%s", what.c_str(), equal, kCalls, exact,
+              saved.c_str());
+  SetAutotuneTimeHook(nullptr);
+  std::remove(file.c_str());
+  rmdir(dir.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("DDL_ALLREDUCE", "auto", 1);
+  setenv("DDL_SHM_POOL_MB", "0", 1);
+  setenv("DDL_PEER_TIMEOUT_S", "10", 1);
+  const std::string only = argc > 1 ? argv[1] : "";
+  const std::vector<std::pair<std::string, void (*)()>> checks = {
+      {"decide", DecisionFromTheSlowestRank},
+      {"file", SavedTableIsReused},
+      {"engine", [] { EnginesThroughTheSwitch(3, "1", "flat, 3 ranks"); }},
+      {"engine", [] { EnginesThroughTheSwitch(4, "2", "2 nodes x 2 local ranks"); }},
+  };
+  for (const auto& [name, check] : checks) {
+    if (!only.empty() && only != name) continue;
+    try {
+      check();
+    } catch (const std::exception& e) {
+      Expect(false, name + ": " + e.what());
+    }
+    std::fflush(stdout);
+  }
+  return ddl_test::Summary();
+}

@@ -1,0 +1,71 @@
+"""DDL_AUTOTUNE=1 on one machine, for tests/test_autotune_mpi.py: the
+launcher sets DDL_AUTOTUNE, DDL_AUTOTUNE_STEPS and DDL_AUTOTUNE_FILE; the
+argument picks the network step tuned:
+
+  world  DDL_LOCAL_SIZE=1, every rank a node: the flat allreduce;
+  racks  4 ranks, DDL_LOCAL_SIZE=1, Slurm's variables put ranks 0-1 in
+         rack ra and 2-3 in rack rb: the rack grid.
+
+Allreduces of two sizes (two size classes) alternate, through the
+measurements, the decision and well after it; every result is checked
+bitwise against numpy's sum in the promised order (rank order; nodes then
+racks with racks), on every rank. Ranks that switched at different calls,
+or to different algorithms, would pair different messages and fail or
+hang. Rank 0 prints the table on stderr (the test reads it)."""
+
+import os
+import sys
+
+import numpy as np
+from harness import report
+from mpi4py import MPI
+
+COMM = MPI.COMM_WORLD
+RANK = COMM.Get_rank()
+SIZES = (1000, 100000)  # float32: < 64 KiB and 64 KiB - 1 MiB
+CALLS = 24
+
+
+def expected(everyone, mode):
+    if mode == "racks":  # rack ra = ranks 0-1, rack rb = ranks 2-3
+        return (everyone[0] + everyone[1]) + (everyone[2] + everyone[3])
+    total = everyone[0]
+    for x in everyone[1:]:
+        total = total + x
+    return total
+
+
+def main():
+    mode = sys.argv[1]
+    os.environ["DDL_LOCAL_SIZE"] = "1"
+    if mode == "racks":
+        os.environ["SLURM_TOPOLOGY_ADDR"] = f"core.{'ra' if RANK < 2 else 'rb'}.n{RANK}"
+        os.environ["SLURM_TOPOLOGY_ADDR_PATTERN"] = "switch.switch.node"
+    import tensorflow as tf
+
+    import keras_ddl as ddl
+    ddl.init()
+    problems = []
+    want_algorithm = "racks" if mode == "racks" else "flat"
+    if ddl.allreduce_algorithm() != want_algorithm:
+        problems.append(f"allreduce algorithm {ddl.allreduce_algorithm()}, not {want_algorithm}")
+    rng = np.random.default_rng(100 + RANK)
+    for call in range(CALLS):
+        # Magnitudes differ per rank, so another summation order shows.
+        x = (rng.uniform(-1, 1, SIZES[call % 2]) * 10.0 ** (RANK * 3)).astype(np.float32)
+        everyone = COMM.allgather(x)
+        got = ddl.allreduce(tf.constant(x), op=ddl.Sum, name=f"tuned.{call}").numpy()
+        want = expected(everyone, mode)
+        if got.tobytes() != want.tobytes():
+            problems.append(f"call {call} ({x.size} floats): {int(np.sum(got != want))} elements "
+                            "differ from numpy's sum in order")
+        mine = COMM.allgather(got.tobytes())
+        if any(m != mine[0] for m in mine):
+            problems.append(f"call {call}: ranks got different bits")
+    report(f"results_{mode}", RANK, not problems, "; ".join(problems))
+    COMM.Barrier()
+    ddl.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

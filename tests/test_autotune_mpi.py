@@ -1,0 +1,75 @@
+"""DDL_AUTOTUNE=1 under mpiexec (tests/mpi/autotune_job.py): the first
+launch measures on its own allreduces and prints one table, every rank's
+results are numpy's sum bit for bit through the switch, and rank 0 saves
+the table to DDL_AUTOTUNE_FILE; a second launch of the same shape loads it
+instead of measuring; a launch of another shape refuses it with a warning
+and measures again."""
+
+import os
+
+import pytest
+from conftest import Launcher
+
+HEADER = "keras_ddl autotune:"
+
+
+def launch(launcher, ranks, mode, table_file):
+    env = {"DDL_AUTOTUNE": "1", "DDL_AUTOTUNE_STEPS": "2", "DDL_AUTOTUNE_FILE": str(table_file)}
+    proc = launcher.mpi(ranks, "autotune_job.py", mode, env=env, timeout=400)
+    cases = Launcher.parse_cases(proc).get(f"results_{mode}", {})
+    failures = {r: c["detail"] for r, c in cases.items() if not c["ok"]}
+    assert proc.returncode == 0 and sorted(cases) == list(range(ranks)) and not failures, (
+        f"exit {proc.returncode}, reports from {sorted(cases)}, failures {failures}\n"
+        f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def table(proc):
+    """The lines of the one table in the launch's stderr."""
+    assert proc.stderr.count(HEADER) == 1, proc.stderr[-4000:]
+    lines = proc.stderr[proc.stderr.index(HEADER):].splitlines()
+    end = next((i for i, line in enumerate(lines[1:], 1) if not line.startswith("  ")),
+               len(lines))
+    return lines[:end]
+
+
+@pytest.mark.parametrize("ranks, mode, step, candidates", [
+    (2, "world", "world", ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]),
+    (3, "world", "world", ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]),
+    (4, "racks", "racks", ["RACK_ORDERED_EXCHANGE", "RACK_ALLREDUCE_256K", "RACK_ALLREDUCE_1M",
+                          "RACK_ALLREDUCE_EIGHTH"]),
+])
+def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, candidates):
+    table_file = tmp_path / "autotune.txt"
+    first = table(launch(launcher, ranks, mode, table_file))
+    assert f"the {step} step's allreduce (ranks={ranks} " in first[0], first
+    assert "measured 2 batches per candidate" in first[0], first
+    # Both size classes the job used were measured, with every candidate,
+    # and each has exactly one choice.
+    for size_class in ("< 64 KiB", "64 KiB - 1 MiB"):
+        at = next(i for i, line in enumerate(first) if line.strip().startswith(size_class))
+        rows = first[at:at + len(candidates)]
+        assert all(c in r and " ms" in r for c, r in zip(candidates, rows)), first
+        assert sum(r.rstrip().endswith("*") for r in rows) == 1, first
+    saved = table_file.read_text()
+    assert saved.startswith("keras_ddl autotune table v1\n") and f"step={step}" in saved
+    assert f"ranks={ranks} " in saved, saved
+    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p], os.listdir(tmp_path)
+    mtime = table_file.stat().st_mtime_ns
+
+    # The same shape again: loaded, not measured, not rewritten.
+    again = launch(launcher, ranks, mode, table_file)
+    second = table(again)
+    assert f"loaded from {table_file}, not measured again" in second[0], second
+    assert second[1:] == first[1:], (first, second)
+    assert table_file.stat().st_mtime_ns == mtime
+
+
+def test_another_shape_is_refused_and_measured_again(launcher, tmp_path):
+    table_file = tmp_path / "autotune.txt"
+    launch(launcher, 2, "world", table_file)
+    proc = launch(launcher, 3, "world", table_file)
+    assert (f"warning: not using DDL_AUTOTUNE_FILE={table_file}: it was measured for another "
+            "job shape (ranks=2 ") in proc.stderr, proc.stderr[-3000:]
+    assert "measured 2 batches per candidate" in table(proc)[0]
+    assert "ranks=3 " in table_file.read_text()
