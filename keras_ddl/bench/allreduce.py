@@ -81,10 +81,18 @@ def sweep(sizes, reps, with_fp16=False):
     return rows
 
 
-def resnet50_shapes():
+def resnet50_shapes(comm=None):
+    """The shapes of ResNet-50's trainable weights. With ``comm``, only its
+    rank 0 builds the model and sends the shapes to the others: at 16 ranks
+    on one machine, a model per rank ran it out of memory."""
     import keras
-    model = keras.applications.ResNet50(weights=None)
-    return [tuple(int(d) for d in w.shape) for w in model.trainable_weights]
+    shapes = None
+    if comm is None or comm.Get_rank() == 0:
+        model = keras.applications.ResNet50(weights=None)
+        shapes = [tuple(int(d) for d in w.shape) for w in model.trainable_weights]
+        del model
+        keras.backend.clear_session()
+    return shapes if comm is None else comm.bcast(shapes, root=0)
 
 
 def gradient_list(reps, limit=None):
@@ -92,7 +100,7 @@ def gradient_list(reps, limit=None):
 
     import keras_ddl as ddl
     n, rank = COMM.Get_size(), COMM.Get_rank()
-    shapes = resnet50_shapes()[:limit]
+    shapes = resnet50_shapes(COMM)[:limit]
     arrays = [_inputs(int(np.prod(s)), rank).reshape(s) for s in shapes]
     tensors = [tf.constant(a) for a in arrays]
     recvs = [np.empty_like(a) for a in arrays]
