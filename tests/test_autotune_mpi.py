@@ -34,7 +34,7 @@ def table(proc):
 
 
 @pytest.mark.parametrize("ranks, mode, step, candidates", [
-    (2, "world", "world", ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]),
+    # 2 ranks measure and save in test_another_shape_is_refused_and_measured_again
     (3, "world", "world", ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]),
     (4, "racks", "racks", ["RACK_ORDERED_EXCHANGE", "RACK_ALLREDUCE_256K", "RACK_ALLREDUCE_1M",
                           "RACK_ALLREDUCE_EIGHTH"]),
@@ -67,7 +67,9 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
 
 def test_another_shape_is_refused_and_measured_again(launcher, tmp_path):
     table_file = tmp_path / "autotune.txt"
-    launch(launcher, 2, "world", table_file)
+    two = table(launch(launcher, 2, "world", table_file))
+    assert "the world step's allreduce (ranks=2 " in two[0] and "measured 2 batches" in two[0]
+    assert "ranks=2 " in table_file.read_text()
     proc = launch(launcher, 3, "world", table_file)
     assert (f"warning: not using DDL_AUTOTUNE_FILE={table_file}: it was measured for another "
             "job shape (ranks=2 ") in proc.stderr, proc.stderr[-3000:]
