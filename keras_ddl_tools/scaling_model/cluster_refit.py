@@ -13,10 +13,22 @@ from .links import MS, Link
 from .racks import three_level
 
 REFIT_PATTERNS = ("cluster_*.json", "racks_*.json")
-# the repository: this file is keras_ddl_tools/scaling_model/cluster_refit.py
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OBSERVATIONS = os.path.join(_REPO, "docs", "model_data", "cluster_observations.json")
-RESULTS_DIR = os.path.join(os.path.dirname(OBSERVATIONS), os.pardir, "results")
+_OBSERVATIONS_IN_REPO = os.path.join("docs", "model_data", "cluster_observations.json")
+
+
+def _repository():
+    """The checkout this file is in (keras_ddl_tools/scaling_model/
+    cluster_refit.py), else, for an installed copy, the current directory
+    when it is a checkout (the suite and the docs' commands run from one)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for where in (here, os.getcwd()):
+        if os.path.exists(os.path.join(where, _OBSERVATIONS_IN_REPO)):
+            return where
+    return here
+
+
+OBSERVATIONS = os.path.join(_repository(), _OBSERVATIONS_IN_REPO)
+RESULTS_DIR = os.path.join(_repository(), "docs", "results")
 # Sizes the refit takes: up to 16 KB (below the test cluster's 256 KB token
 # bucket the link is not the limit, so the time is the per-call cost) and
 # from 1 MB (the link is); in between the bucket lets part of a call through
