@@ -165,6 +165,9 @@ size_t RackPieceBytes(size_t call_bytes) {
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
                               ReduceOp op, size_t piece_bytes, NetworkChoice choice) {
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
+  // The size rule's pieces: the caller's (a node's chunk cuts its slice
+  // itself), else an eighth of the call.
+  const size_t rule_piece = piece_bytes > 0 ? piece_bytes : RackPieceBytes(bytes);
   switch (choice) {
     case NetworkChoice::kRackPipeline256K:
       RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 256 << 10);
@@ -173,7 +176,7 @@ const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count,
       RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 1 << 20);
       return "RACK_ALLREDUCE_1M";
     case NetworkChoice::kRackPipelineEighth:
-      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, RackPieceBytes(bytes));
+      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, rule_piece);
       return "RACK_ALLREDUCE_EIGHTH";
     default:
       break;
@@ -184,8 +187,7 @@ const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count,
     RackOrderedExchange(*grid.all, grid.rack->size(), buffer, count, dtype, op);
     return "RACK_ORDERED_EXCHANGE";
   }
-  RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op,
-                piece_bytes > 0 ? piece_bytes : RackPieceBytes(bytes));
+  RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, rule_piece);
   return "RACK_ALLREDUCE";
 }
 

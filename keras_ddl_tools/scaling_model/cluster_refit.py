@@ -27,8 +27,9 @@ def _repository():
     return here
 
 
-OBSERVATIONS = os.path.join(_repository(), _OBSERVATIONS_IN_REPO)
-RESULTS_DIR = os.path.join(_repository(), "docs", "results")
+_REPO = _repository()
+OBSERVATIONS = os.path.join(_REPO, _OBSERVATIONS_IN_REPO)
+RESULTS_DIR = os.path.join(_REPO, "docs", "results")
 # Sizes the refit takes: up to 16 KB (below the test cluster's 256 KB token
 # bucket the link is not the limit, so the time is the per-call cost) and
 # from 1 MB (the link is); in between the bucket lets part of a call through
