@@ -37,7 +37,7 @@ def table(proc):
     # 2 ranks measure and save in test_another_shape_is_refused_and_measured_again
     (3, "world", "world", ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]),
     (4, "racks", "racks", ["RACK_ORDERED_EXCHANGE", "RACK_ALLREDUCE_256K", "RACK_ALLREDUCE_1M",
-                          "RACK_ALLREDUCE_EIGHTH"]),
+                          "RACK_ALLREDUCE_SIZED"]),
 ])
 def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, candidates):
     table_file = tmp_path / "autotune.txt"

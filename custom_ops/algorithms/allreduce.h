@@ -41,7 +41,7 @@ enum class NetworkChoice : uint8_t {
   kRackExchange,     // RackOrderedExchange
   kRackPipeline256K, // RackAllreduce in pieces of 256 KiB
   kRackPipeline1M,   // RackAllreduce in pieces of 1 MiB
-  kRackPipelineEighth,  // RackAllreduce in the size rule's pieces (rack_allreduce.h)
+  kRackPipelineSized,  // RackAllreduce in the size rule's pieces (rack_allreduce.h)
 };
 
 // The first algorithm of the list that suits the call; with a choice of

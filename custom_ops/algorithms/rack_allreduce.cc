@@ -1,7 +1,12 @@
 #include "rack_allreduce.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <vector>
 
 #include "../common/reduce_kernels.h"
@@ -20,6 +25,56 @@ std::vector<int64_t> PartStarts(int64_t first, int64_t count, int n) {
   for (int p = 0; p < n; ++p) at[p + 1] = at[p] + counts[p];
   return at;
 }
+
+// Tests the messages still in `handles` and forgets those that completed
+// (a completed handle is released by Test); true when none is left.
+bool TestAll(Transport& t, std::vector<Transport::Handle>* handles) {
+  handles->erase(std::remove_if(handles->begin(), handles->end(),
+                                [&](Transport::Handle h) { return t.Test(h); }),
+                 handles->end());
+  return handles->empty();
+}
+
+void WaitFirst(Transport& t, std::vector<Transport::Handle>* handles) {
+  if (handles->empty()) return;
+  t.Wait(handles->front());
+  handles->erase(handles->begin());
+}
+
+// The schedule's wait between passes that found nothing done: polls a
+// while (the message is often about to land), then yields its core
+// (ranks may outnumber cores), then naps up to 100 us (over TCP a message
+// needs both ends to poll). Idle() is true once nothing has moved for
+// kBlockAfter: then the caller blocks in the transport instead.
+class WaitBackoff {
+ public:
+  void Reset() {
+    passes_ = 0;
+    nap_ = std::chrono::microseconds(20);
+    quiet_since_ = std::chrono::steady_clock::now();
+  }
+  bool Idle() {
+    ++passes_;
+    if (passes_ < kSpinPasses) return false;
+    if (passes_ < kSpinPasses + kYieldPasses) {
+      sched_yield();
+      return false;
+    }
+    std::this_thread::sleep_for(nap_);
+    nap_ = std::min(nap_ * 2, std::chrono::microseconds(100));
+    return std::chrono::steady_clock::now() - quiet_since_ > kBlockAfter;
+  }
+
+ private:
+  static constexpr int kSpinPasses = 50;
+  static constexpr int kYieldPasses = 50;
+  // Long next to a piece's message over a slow uplink (a 1 MB message at
+  // 62 Mbit/s takes 130 ms), short next to any peer timeout.
+  static constexpr std::chrono::milliseconds kBlockAfter{1000};
+  int passes_ = 0;
+  std::chrono::microseconds nap_{20};
+  std::chrono::steady_clock::time_point quiet_since_ = std::chrono::steady_clock::now();
+};
 
 // One round of a reduce-scatter over `t`: part p of the range goes to rank
 // p, and this rank combines every rank's copy of its own part in rank
@@ -45,9 +100,16 @@ class ScatterRound {
     base_ = base;
   }
 
+  // True once every message of the round completed; never blocks.
+  bool Done() { return TestAll(t_, &handles_); }
+  // Blocks for one message still in flight (the transport's peer timeout
+  // applies).
+  void WaitOne() { WaitFirst(t_, &handles_); }
+
   // Leaves this rank's part reduced (and divided by `divisor` if not 0).
   void Finish(DataType dtype, ReduceOp op, int divisor) {
     for (Transport::Handle h : handles_) t_.Wait(h);
+    handles_.clear();
     const int n = t_.size();
     const int me = t_.rank();
     const int64_t count = at_[me + 1] - at_[me];
@@ -102,8 +164,11 @@ class GatherRound {
       if (bytes(me) > 0) handles_.push_back(t_.Isend(base + at[me] * elem_, bytes(me), p, tag_));
     }
   }
+  bool Done() { return TestAll(t_, &handles_); }
+  void WaitOne() { WaitFirst(t_, &handles_); }
   void Finish() {
     for (Transport::Handle h : handles_) t_.Wait(h);
+    handles_.clear();
   }
 
  private:
@@ -159,14 +224,14 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
 }
 
 size_t RackPieceBytes(size_t call_bytes) {
-  return std::clamp<size_t>(call_bytes / 8, kRackPieceBytes, kRackMaxPieceBytes);
+  return std::clamp<size_t>(call_bytes / 32, kRackPieceBytes, kRackMaxPieceBytes);
 }
 
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
                               ReduceOp op, size_t piece_bytes, NetworkChoice choice) {
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
   // The size rule's pieces: the caller's (a node's chunk cuts its slice
-  // itself), else an eighth of the call.
+  // itself), else RackPieceBytes of the call.
   const size_t rule_piece = piece_bytes > 0 ? piece_bytes : RackPieceBytes(bytes);
   switch (choice) {
     case NetworkChoice::kRackPipeline256K:
@@ -175,9 +240,9 @@ const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count,
     case NetworkChoice::kRackPipeline1M:
       RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 1 << 20);
       return "RACK_ALLREDUCE_1M";
-    case NetworkChoice::kRackPipelineEighth:
+    case NetworkChoice::kRackPipelineSized:
       RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, rule_piece);
-      return "RACK_ALLREDUCE_EIGHTH";
+      return "RACK_ALLREDUCE_SIZED";
     default:
       break;
   }
@@ -212,49 +277,130 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   const ReduceOp sum_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   const int divisor = op == ReduceOp::kAverage ? nodes * racks : 0;
 
-  // Two of each round, for pieces of even and odd index: a piece's round
-  // may still be in flight while the next piece's starts.
+  // Each stage keeps up to kRackRoundsInFlight pieces in flight, in slot
+  // piece % that, and starts pieces in piece order on every rank: the k-th
+  // message between two ranks on a stage's tag is then piece k's at both
+  // ends, whichever order the stages of different pieces move in.
+  constexpr int kSlots = kRackRoundsInFlight;
   const int me = rack.rank();
-  ScatterRound rack_scatter[2] = {{rack, kTagRackScatter, elem, max_segment},
-                                  {rack, kTagRackScatter, elem, max_segment}};     // A
-  ScatterRound across_scatter[2] = {{across, kTagAcrossScatter, elem, max_sub},
-                                    {across, kTagAcrossScatter, elem, max_sub}};  // B
-  GatherRound across_gather[2] = {{across, kTagAcrossGather, elem},
-                                  {across, kTagAcrossGather, elem}};              // C
-  GatherRound rack_gather[2] = {{rack, kTagRackGather, elem}, {rack, kTagRackGather, elem}};  // D
+  std::vector<ScatterRound> rack_scatter, across_scatter;     // A, B
+  std::vector<GatherRound> across_gather, rack_gather;        // C, D
+  for (int i = 0; i < kSlots; ++i) {
+    rack_scatter.emplace_back(rack, kTagRackScatter, elem, max_segment);
+    across_scatter.emplace_back(across, kTagAcrossScatter, elem, max_sub);
+    across_gather.emplace_back(across, kTagAcrossGather, elem);
+    rack_gather.emplace_back(rack, kTagRackGather, elem);
+  }
   // Piece p's segments in the rack and sub-segments across racks, from its
-  // A (or B) until its D (or C): at most four pieces apart.
-  std::vector<int64_t> segments[4], subs[4];
-  auto valid = [&](int64_t p) { return p >= 0 && p < pieces; };
+  // A (or B) until its D (or C).
+  std::vector<std::vector<int64_t>> segments(pieces), subs(pieces);
 
-  // Step s starts piece s's A, and moves pieces s-1, s-2, s-3 on to B, C,
-  // D as soon as their previous round is finished; piece s-4's D finishes.
-  // Every wait of step s is for messages the peers posted in step s-1, so
-  // no rank can wait on one that is not posted, and each link always has
-  // the next piece queued behind the current one: the uplinks stay busy
-  // while the rack rounds of other pieces run. pieces + 4 steps drain it.
-  for (int64_t s = 0; s < pieces + 4; ++s) {
-    if (valid(s)) {
-      const int64_t first = s * piece;
-      segments[s % 4] = PartStarts(first, std::min(piece, count - first), nodes);
-      rack_scatter[s % 2].Start(base, segments[s % 4]);
+  enum Stage { kA, kB, kC, kD, kStages };
+  auto start = [&](int stage, int64_t p) {
+    const int slot = static_cast<int>(p % kSlots);
+    switch (stage) {
+      case kA: {
+        const int64_t first = p * piece;
+        segments[p] = PartStarts(first, std::min(piece, count - first), nodes);
+        rack_scatter[slot].Start(base, segments[p]);
+        break;
+      }
+      case kB: {
+        const std::vector<int64_t>& seg = segments[p];
+        subs[p] = PartStarts(seg[me], seg[me + 1] - seg[me], racks);
+        across_scatter[slot].Start(base, subs[p]);
+        break;
+      }
+      case kC: across_gather[slot].Start(base, subs[p]); break;
+      default: rack_gather[slot].Start(base, segments[p]); break;
     }
-    if (const int64_t p = s - 1; valid(p)) {
-      rack_scatter[p % 2].Finish(dtype, sum_op, 0);
-      const std::vector<int64_t>& seg = segments[p % 4];
-      subs[p % 4] = PartStarts(seg[me], seg[me + 1] - seg[me], racks);
-      across_scatter[p % 2].Start(base, subs[p % 4]);
+  };
+  auto done = [&](int stage, int64_t p) {
+    const int slot = static_cast<int>(p % kSlots);
+    switch (stage) {
+      case kA: return rack_scatter[slot].Done();
+      case kB: return across_scatter[slot].Done();
+      case kC: return across_gather[slot].Done();
+      default: return rack_gather[slot].Done();
     }
-    if (const int64_t p = s - 2; valid(p)) {
+  };
+  auto wait_one = [&](int stage, int64_t p) {
+    const int slot = static_cast<int>(p % kSlots);
+    switch (stage) {
+      case kA: rack_scatter[slot].WaitOne(); break;
+      case kB: across_scatter[slot].WaitOne(); break;
+      case kC: across_gather[slot].WaitOne(); break;
+      default: rack_gather[slot].WaitOne(); break;
+    }
+  };
+  auto finish = [&](int stage, int64_t p) {
+    const int slot = static_cast<int>(p % kSlots);
+    switch (stage) {
+      case kA: rack_scatter[slot].Finish(dtype, sum_op, 0); break;
       // The sub-segment this rank owns is final here: divided once.
-      across_scatter[p % 2].Finish(dtype, sum_op, divisor);
-      across_gather[p % 2].Start(base, subs[p % 4]);
+      case kB: across_scatter[slot].Finish(dtype, sum_op, divisor); break;
+      case kC: across_gather[slot].Finish(); subs[p] = {}; break;
+      default: rack_gather[slot].Finish(); segments[p] = {}; break;
     }
-    if (const int64_t p = s - 3; valid(p)) {
-      across_gather[p % 2].Finish();
-      rack_gather[p % 2].Start(base, segments[p % 4]);
+  };
+
+  // Pieces in flight per stage, oldest first, and pieces done with the
+  // stage before, waiting for a slot.
+  std::deque<int64_t> flight[kStages], queued[kStages];
+  int64_t admitted = 0, finished = 0;
+  WaitBackoff backoff;
+  // Every rank moves each piece on as soon as its own round of it is done,
+  // with no step shared by the stages: a round waits only for the messages
+  // of its piece, never for a slow message of another stage, so the
+  // uplinks keep up to kSlots pieces queued while the rack rounds run. A
+  // posted receive is always matched: the peer posts the same round once
+  // its earlier stages of that piece are done, and the oldest piece in
+  // flight anywhere has every earlier stage done on every rank.
+  while (finished < pieces) {
+    bool moved = false;
+    for (int stage = kD; stage >= kA; --stage) {
+      while (!flight[stage].empty() && done(stage, flight[stage].front())) {
+        const int64_t p = flight[stage].front();
+        flight[stage].pop_front();
+        finish(stage, p);
+        if (stage == kD) ++finished;
+        else queued[stage + 1].push_back(p);
+        moved = true;
+      }
     }
-    if (const int64_t p = s - 4; valid(p)) rack_gather[p % 2].Finish();
+    for (int stage = kB; stage <= kD; ++stage) {
+      while (!queued[stage].empty() && static_cast<int>(flight[stage].size()) < kSlots) {
+        start(stage, queued[stage].front());
+        flight[stage].push_back(queued[stage].front());
+        queued[stage].pop_front();
+        moved = true;
+      }
+    }
+    // A runs over the fast node links; admitting pieces only while few
+    // wait for B keeps it from racing through the call and taking the
+    // node links from the D rounds that finish pieces.
+    while (admitted < pieces && static_cast<int>(flight[kA].size()) < kSlots &&
+           static_cast<int>(queued[kB].size()) < kSlots) {
+      start(kA, admitted);
+      flight[kA].push_back(admitted++);
+      moved = true;
+    }
+    if (moved) {
+      backoff.Reset();
+    } else if (backoff.Idle()) {
+      // Nothing completed for a long while: block on the oldest piece's
+      // round, whose wait applies the transport's peer timeout (a dead
+      // peer ends in an error, not a hang).
+      int oldest = -1;
+      for (int stage = kA; stage < kStages; ++stage) {
+        if (!flight[stage].empty() &&
+            (oldest < 0 || flight[stage].front() < flight[oldest].front())) {
+          oldest = stage;
+        }
+      }
+      wait_one(oldest, flight[oldest].front());
+      backoff.Reset();
+    }
   }
 }
 

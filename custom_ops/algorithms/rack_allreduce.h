@@ -19,12 +19,11 @@
 // as in any bandwidth-optimal allreduce; per rack, B + C move 2(R-1)/R of
 // the bytes over the uplink. A flat pairwise reduce-scatter over the K
 // nodes alone sends N(K-N)/K of them over each uplink (2 racks of 4:
-// as many, before its all-gather adds more). The stages of consecutive
-// pieces run at once: in step i piece i enters A while pieces i-1, i-2 and
-// i-3 move on to B, C and D, and up to two pieces are in flight in each
-// stage, so the node links and the uplinks are busy together (each with
-// the next piece queued) and a call takes about the slower of the two,
-// not their sum.
+// as many, before its all-gather adds more). The stages of different
+// pieces run at once, each piece moving to its next stage as soon as its
+// round is done, up to kRackRoundsInFlight pieces per stage, so the node
+// links and the uplinks are busy together (each with pieces queued) and a
+// call takes about the slower of the two, not their sum.
 //
 // Summation order is fixed per element: the values of a rack in node
 // order, then the racks in rack order, ((r0 op r1) op r2) ..., each
@@ -43,18 +42,20 @@
 
 namespace ddl {
 
-// Bytes of a piece (the pipeline's unit): large enough that each step's
-// messages amortise their round trips over TCP, small enough that the
-// pipeline's fill and drain (three steps) cost little of a large call.
-// A call takes an eighth of its bytes, within these bounds. The upper one
-// matters behind a slow uplink: a step ends with its slowest message, and
-// the N flows sharing an uplink even out only over long messages (each is
-// piece / (N x R) bytes). On the test cluster (2 racks x 4 nodes, 1 Gbit/s
-// links, 250 Mbit/s uplinks, 64 MB calls), 1 MB pieces ran at 0.70 of the
-// bound, 4 MB at 0.77, 8 MB at 0.86 and 16 MB at 0.73 (too few pieces to
-// fill the pipeline).
+// Bytes of a piece (the pipeline's unit) and pieces in flight per stage.
+// Each stage moves a piece on as soon as its own round of it is done, so
+// a slow message holds back only its piece; kRackRoundsInFlight pieces
+// queued per stage keep the uplinks busy meanwhile. A call takes a 32nd
+// of its bytes, within 1-2 MiB: enough pieces to fill the pipeline, each
+// message long enough to amortise its round trips over TCP, and the
+// landing areas (about a piece per slot) small. On the test cluster (2
+// racks x 4 nodes, 1 Gbit/s links, 250 Mbit/s uplinks, 64 MB calls, six
+// launches of five rounds) 1-2 MiB pieces with 4-8 in flight ran at
+// 0.85-0.90 of the bound by the launch medians, against 0.83-0.85 for the
+// earlier schedule of whole steps in 8 MiB pieces.
 constexpr size_t kRackPieceBytes = 1 << 20;
-constexpr size_t kRackMaxPieceBytes = 8 << 20;
+constexpr size_t kRackMaxPieceBytes = 2 << 20;
+constexpr int kRackRoundsInFlight = 8;
 size_t RackPieceBytes(size_t call_bytes);
 
 // In-place allreduce of `count` elements over the N x R grid described by
@@ -87,7 +88,7 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
 // calls, the pipelined schedule above for the rest, in pieces of
 // `piece_bytes` (0: RackPieceBytes of the call). Returns the name of the
 // one it ran (the timeline's phase). A `choice` of kRackExchange,
-// kRackPipeline256K, kRackPipeline1M or kRackPipelineEighth runs that one
+// kRackPipeline256K, kRackPipeline1M or kRackPipelineSized runs that one
 // whatever the size (the pipelines with their own piece size instead of
 // `piece_bytes`); any other choice is the size rule.
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,

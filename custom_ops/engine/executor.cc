@@ -38,7 +38,7 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
     candidates = {{"RACK_ORDERED_EXCHANGE", NetworkChoice::kRackExchange},
                   {"RACK_ALLREDUCE_256K", NetworkChoice::kRackPipeline256K},
                   {"RACK_ALLREDUCE_1M", NetworkChoice::kRackPipeline1M},
-                  {"RACK_ALLREDUCE_EIGHTH", NetworkChoice::kRackPipelineEighth}};
+                  {"RACK_ALLREDUCE_SIZED", NetworkChoice::kRackPipelineSized}};
   } else if (ctx.node_memory ? ctx.hierarchical : ctx.size > 1) {
     step = ctx.node_memory ? "cross-node" : "world";
     for (const TransportAllreduce& a : AllreduceAlgorithms()) {
@@ -274,7 +274,7 @@ void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
     // One rank per node: the grid is the world, racks-major.
     const char* name = RackGridAllreduce(
         {ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()}, buffer, count, wire,
-        op, kRackPieceBytes, network_choice_);
+        op, 0, network_choice_);
     phases->emplace_back(name, seconds_since(t));
     traffic_.rack_bytes += count * wire_elem;
   } else {

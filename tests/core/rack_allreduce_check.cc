@@ -47,6 +47,40 @@ std::vector<T> Expected(const std::vector<std::vector<T>>& in, int racks, int no
 
 enum class Run { kSchedule, kExchange, kGrid };
 
+// A rank that never calls: every other rank of the grid throws PeerTimeout
+// (the schedule polls, then blocks in the transport's wait, which applies
+// the timeout) instead of waiting forever. Pieces of many steps, so the
+// missing rank's absence shows mid-pipeline for its rack peers.
+void CheckAbsentRankTimesOut(int racks, int nodes, int absent) {
+  const int world = racks * nodes;
+  const int64_t count = 1 << 14;
+  std::vector<std::unique_ptr<InProcessGroup>> rack_groups, columns;
+  for (int r = 0; r < racks; ++r) rack_groups.push_back(std::make_unique<InProcessGroup>(nodes, 1 << 20));
+  for (int n = 0; n < nodes; ++n) columns.push_back(std::make_unique<InProcessGroup>(racks, 1 << 20));
+  InProcessGroup everyone(world, 1 << 20);
+  std::vector<int> timed_out(world, 0);
+  everyone.Run([&](int w) {
+    if (w == absent) return;
+    InProcessRank rack(*rack_groups[w / nodes], w % nodes);
+    InProcessRank across(*columns[w % nodes], w / nodes);
+    rack.SetPeerTimeout(0.5);
+    across.SetPeerTimeout(0.5);
+    std::vector<float> data(count, 1.0f);
+    try {
+      RackAllreduce(rack, across, data.data(), count, DataType::kFloat32, ReduceOp::kSum, 4096);
+    } catch (const PeerTimeout&) {
+      timed_out[w] = 1;
+    }
+  });
+  for (int w = 0; w < world; ++w) {
+    if (w != absent) {
+      Expect(timed_out[w] == 1, "rank " + std::to_string(w) + " of " + std::to_string(racks) +
+                                    "x" + std::to_string(nodes) + " times out when rank " +
+                                    std::to_string(absent) + " never calls");
+    }
+  }
+}
+
 template <typename T>
 void Check(int racks, int nodes, int64_t count, ReduceOp op, size_t max_message,
            size_t piece_bytes, std::mt19937& rng, Run run = Run::kSchedule) {
@@ -78,11 +112,13 @@ void Check(int racks, int nodes, int64_t count, ReduceOp op, size_t max_message,
                                  piece_bytes);
     }
     // Every message within the limit (the harness throws otherwise) and
-    // a bounded number in flight: on each group two pieces in each of
-    // its two rounds (A and D, or B and C), a send and a receive per peer.
-    Expect(rack.max_outstanding() <= 8 * (nodes - 1) &&
-               across.max_outstanding() <= 8 * (racks - 1),
-           "rack allreduce keeps at most two pieces per round in flight");
+    // a bounded number in flight: on each group kRackRoundsInFlight
+    // pieces in each of its two rounds (A and D, or B and C), a send and a
+    // receive per peer.
+    const int bound = 2 * 2 * kRackRoundsInFlight;
+    Expect(rack.max_outstanding() <= bound * (nodes - 1) &&
+               across.max_outstanding() <= bound * (racks - 1),
+           "rack allreduce keeps at most kRackRoundsInFlight pieces per round in flight");
     Expect(rack.empty_messages() == 0 && across.empty_messages() == 0,
            "rack allreduce sends no empty messages");
   });
@@ -144,14 +180,16 @@ int main() {
       }
     }
   }
-  // The piece size a call takes: an eighth of it, at least 1 MB and at
-  // most 8 MB (the bounds' reasons are in rack_allreduce.h).
-  ddl_test::Expect(ddl::RackPieceBytes(0) == ddl::kRackPieceBytes, "piece of an empty call is 1 MB");
-  ddl_test::Expect(ddl::RackPieceBytes(4 << 20) == ddl::kRackPieceBytes,
-                   "piece of a 4 MB call is the 1 MB floor");
-  ddl_test::Expect(ddl::RackPieceBytes(16 << 20) == (2 << 20), "piece of a 16 MB call is 2 MB");
-  ddl_test::Expect(ddl::RackPieceBytes(64 << 20) == (8 << 20), "piece of a 64 MB call is 8 MB");
+  CheckAbsentRankTimesOut(2, 2, 3);
+  CheckAbsentRankTimesOut(3, 2, 0);
+  // The piece size a call takes: a 32nd of it, at least 1 MiB and at
+  // most 2 MiB (the bounds' reasons are in rack_allreduce.h).
+  ddl_test::Expect(ddl::RackPieceBytes(0) == ddl::kRackPieceBytes, "piece of an empty call is 1 MiB");
+  ddl_test::Expect(ddl::RackPieceBytes(16 << 20) == ddl::kRackPieceBytes,
+                   "piece of a 16 MiB call is the 1 MiB floor");
+  ddl_test::Expect(ddl::RackPieceBytes(48 << 20) == (3 << 19), "piece of a 48 MiB call is 1.5 MiB");
+  ddl_test::Expect(ddl::RackPieceBytes(64 << 20) == (2 << 20), "piece of a 64 MiB call is 2 MiB");
   ddl_test::Expect(ddl::RackPieceBytes(size_t(1) << 30) == ddl::kRackMaxPieceBytes,
-                   "piece of a 1 GB call is the 8 MB cap");
+                   "piece of a 1 GiB call is the 2 MiB cap");
   return ddl_test::Summary();
 }
