@@ -22,63 +22,127 @@ COLUMNS = ["size", "count", "type", "redop", "time_us", "algbw_GBps", "busbw_GBp
            "baseline_us", "speedup", "wrong"]
 
 
+# Memory: a rank holds the input tensor (whose own buffer is also the
+# baseline's send buffer), the baseline's receive buffer and one result at a
+# time, about 3x the call's bytes (plus the engine's and MPI's own buffers).
+# The expected result is never materialised: it repeats with period 7, so
+# ``count_wrong`` compares the result in chunks against one expected chunk.
+# (The earlier version held ~9x: int64 temporaries for the inputs and the
+# expected array, a numpy and a TensorFlow copy of the inputs, two results at
+# once, ``.numpy()`` copies; a 256 MB call on 8 ranks ran 24 GB out of memory.)
+
+PERIOD = 7
+CHECK_CHUNK = PERIOD << 17  # elements per comparison chunk (3.5 MB of float32)
+
+
+def _pattern(count, scale, offset):
+    """float32 ``(i % 7) * scale + offset`` for i < count, without an int64
+    temporary (np.resize repeats the 7 values). Small integers: exact."""
+    period = np.arange(PERIOD, dtype=np.float32) * np.float32(scale) + np.float32(offset)
+    return np.resize(period, count)
+
+
 def _inputs(count, rank):
-    return (np.arange(count, dtype=np.int64) % 7 + rank).astype(np.float32)
+    """Rank ``rank``'s input: ``i % 7 + rank`` as float32."""
+    return _pattern(count, 1, rank)
 
 
 def _expected(count, size):
-    base = (np.arange(count, dtype=np.int64) % 7) * size + size * (size - 1) // 2
-    return base.astype(np.float32)
+    """The exact sum of ``_inputs`` over ``size`` ranks."""
+    return _pattern(count, size, size * (size - 1) // 2)
+
+
+def _input_tensor(count, rank):
+    """``_inputs(count, rank)`` as a TensorFlow tensor, built by TensorFlow:
+    ``tf.constant`` of a numpy array held twice the bytes after the numpy
+    copy was dropped."""
+    import tensorflow as tf
+    with tf.device("CPU:0"):
+        period = tf.constant(_inputs(PERIOD, rank))
+        x = tf.tile(period, [-(-count // PERIOD)])
+        return x if count % PERIOD == 0 else x[:count]
+
+
+def count_wrong(result, ranks, chunk=CHECK_CHUNK):
+    """Elements of ``result`` (a tensor or array, any shape) that differ from
+    ``_expected(result.size, ranks)``; every element is compared, ``chunk``
+    at a time (a multiple of 7: each chunk's expected values are the first
+    chunk's), against a view of the result's buffer, not a copy."""
+    if chunk <= 0 or chunk % PERIOD:
+        raise ValueError(f"chunk must be a positive multiple of {PERIOD}, not {chunk}")
+    flat = np.asarray(result).reshape(-1)  # a tensor's np.asarray aliases its buffer
+    expected = _expected(min(flat.size, chunk), ranks)
+    wrong = 0
+    for start in range(0, flat.size, chunk):
+        part = flat[start:start + chunk]
+        wrong += int(np.count_nonzero(part != expected[:part.size]))
+    return wrong
+
+
+def _measure_size(nbytes, reps, with_fp16, n, rank):
+    """One size's row. Everything it allocates is released when it returns,
+    before the next size's buffers exist."""
+    import keras_ddl as ddl
+    count = nbytes // 4
+    x_tf = _input_tensor(count, rank)
+    x_np = np.asarray(x_tf)  # the tensor's buffer: the baseline sends the same bytes
+    recv = np.empty_like(x_np)
+    result = {}
+
+    # Each call drops the previous call's result before making its own, so
+    # one result at a time exists; the release stays inside the timed call,
+    # as when the assignment released it.
+    def ours():
+        result.pop("out", None)
+        result["out"] = ddl.allreduce(x_tf, op=ddl.Sum, name=f"bench.{nbytes}")
+
+    def baseline():
+        COMM.Allreduce(x_np, recv, op=MPI.SUM)
+
+    def ours_fp16():
+        result.pop("fp16", None)
+        result["fp16"] = ddl.allreduce(x_tf, op=ddl.Sum, name=f"bench.fp16.{nbytes}",
+                                       compression=ddl.Compression.fp16)
+
+    reps_here = reps if nbytes < (64 << 20) else max(3, reps // 2)
+    t_ours, t_base, t_fp16 = [], [], []
+    wrong = wrong_fp16 = 0
+    for i in range(reps_here):  # interleaved so both see the same machine state
+        last = i == reps_here - 1
+        t_ours.append(timed(ours, 1, warmup=1))
+        # the last repetition's result is checked, every element; the others
+        # are dropped here, before the next algorithm runs
+        out = result.pop("out")
+        if last:
+            wrong = count_wrong(out, n)
+        del out
+        t_base.append(timed(baseline, 1, warmup=1))
+        if with_fp16:
+            t_fp16.append(timed(ours_fp16, 1, warmup=1))
+            # The inputs are small integers: exact in fp16 and in its sums.
+            out = result.pop("fp16")
+            if last:
+                wrong_fp16 = count_wrong(out, n)
+            del out
+    t = float(np.median(t_ours))
+    tb = float(np.median(t_base))
+    wrong = COMM.allreduce(wrong, op=MPI.SUM)
+    algbw = nbytes / t / 1e9
+    row = {"size": human_bytes(nbytes), "count": count, "type": "float32",
+           "redop": "sum", "time_us": t * 1e6, "algbw_GBps": algbw,
+           "busbw_GBps": algbw * 2 * (n - 1) / n, "baseline_us": tb * 1e6,
+           "speedup": tb / t, "wrong": wrong,
+           "time_us_runs": [v * 1e6 for v in t_ours],
+           "baseline_us_runs": [v * 1e6 for v in t_base]}
+    if with_fp16:
+        row["fp16_us"] = float(np.median(t_fp16)) * 1e6
+        row["wrong"] += COMM.allreduce(wrong_fp16, op=MPI.SUM)
+    return row
 
 
 def sweep(sizes, reps, with_fp16=False):
-    import tensorflow as tf
-
-    import keras_ddl as ddl
     n, rank = COMM.Get_size(), COMM.Get_rank()
-    rows = []
-    for nbytes in sizes:
-        count = nbytes // 4
-        x_np = _inputs(count, rank)
-        x_tf = tf.constant(x_np)
-        recv = np.empty_like(x_np)
-        result = {}
-
-        def ours():
-            result["out"] = ddl.allreduce(x_tf, op=ddl.Sum, name=f"bench.{nbytes}")
-
-        def baseline():
-            COMM.Allreduce(x_np, recv, op=MPI.SUM)
-
-        def ours_fp16():
-            result["fp16"] = ddl.allreduce(x_tf, op=ddl.Sum, name=f"bench.fp16.{nbytes}",
-                                           compression=ddl.Compression.fp16)
-
-        reps_here = reps if nbytes < (64 << 20) else max(3, reps // 2)
-        t_ours, t_base, t_fp16 = [], [], []
-        for _ in range(reps_here):  # interleaved so both see the same machine state
-            t_ours.append(timed(ours, 1, warmup=1))
-            t_base.append(timed(baseline, 1, warmup=1))
-            if with_fp16:
-                t_fp16.append(timed(ours_fp16, 1, warmup=1))
-        t = float(np.median(t_ours))
-        tb = float(np.median(t_base))
-        wrong = int(np.count_nonzero(result["out"].numpy() != _expected(count, n)))
-        wrong = COMM.allreduce(wrong, op=MPI.SUM)
-        algbw = nbytes / t / 1e9
-        row = {"size": human_bytes(nbytes), "count": count, "type": "float32",
-               "redop": "sum", "time_us": t * 1e6, "algbw_GBps": algbw,
-               "busbw_GBps": algbw * 2 * (n - 1) / n, "baseline_us": tb * 1e6,
-               "speedup": tb / t, "wrong": wrong,
-               "time_us_runs": [v * 1e6 for v in t_ours],
-               "baseline_us_runs": [v * 1e6 for v in t_base]}
-        if with_fp16:
-            # The inputs are small integers: exact in fp16 and in its sums.
-            row["fp16_us"] = float(np.median(t_fp16)) * 1e6
-            bad = int(np.count_nonzero(result["fp16"].numpy() != _expected(count, n)))
-            row["wrong"] += COMM.allreduce(bad, op=MPI.SUM)
-        rows.append(row)
-    return rows
+    return [_measure_size(nbytes, reps, with_fp16, n, rank) for nbytes in sizes]
 
 
 def resnet50_shapes(comm=None):
@@ -149,11 +213,9 @@ def gradient_list(reps, limit=None):
         times["separate"].append(timed(separate, 1, warmup=1))
         times["packed"].append(timed(one_packed, 1, warmup=1))
     med = {k: float(np.median(v)) for k, v in times.items()}
-    def count_wrong(outs):
-        wrong = sum(int(np.count_nonzero(o.numpy().ravel() != _expected(a.size, n)))
-                    for o, a in zip(outs, arrays))
-        return COMM.allreduce(wrong, op=MPI.SUM)
-    wrong = count_wrong(result["out"])
+    def list_wrong(outs):
+        return COMM.allreduce(sum(count_wrong(o, n) for o in outs), op=MPI.SUM)
+    wrong = list_wrong(result["out"])
     base = med["separate"]
     runs = {k: [t * 1e6 for t in v] for k, v in times.items()}
     label = f"{len(shapes)} tensors, {total / (1 << 20):.1f} MB"
@@ -163,7 +225,7 @@ def gradient_list(reps, limit=None):
          "time_us_runs": runs["grouped"]},
         {"method": "... the same, tensors passed as arguments", "tensors": label,
          "time_us": med["grouped_args"] * 1e6, "vs_separate": base / med["grouped_args"],
-         "wrong": count_wrong(result["args_out"]), "time_us_runs": runs["grouped_args"]},
+         "wrong": list_wrong(result["args_out"]), "time_us_runs": runs["grouped_args"]},
         {"method": "ddl.allreduce per tensor (tf.function)", "tensors": label,
          "time_us": med["per_tensor"] * 1e6, "vs_separate": base / med["per_tensor"], "wrong": "-",
          "time_us_runs": runs["per_tensor"]},
