@@ -272,14 +272,17 @@ std::string Autotuner::Describe(const std::string& how) const {
     }
   }
   if (settings_.empty()) return out.str();
-  out << "  fusion threshold  cycle time  MiB allreduced per second of the slowest rank's wall "
-         "time, median over windows  chosen\n";
+  // The score's definition is in the heading: wall time, so a window's
+  // compute counts (see BeginCycle).
+  out << "  " << pad("fusion threshold", 18) << pad("cycle time", 12)
+      << pad("slowest-rank median", 32) << "  chosen"
+      << "   (MiB allreduced per second of wall time, per window of cycles)\n";
   for (size_t k = 0; k < settings_.size(); ++k) {
     const double score = k < table_.setting_score.size() ? table_.setting_score[k] : std::nan("");
     std::string row =
         "  " + pad(Format("%g MB", settings_[k].fusion_threshold_mb), 18) +
         pad(Format("%g ms", settings_[k].cycle_time_ms), 12) +
-        pad(std::isnan(score) ? "-" : Format("%12.3f MiB/s", score / (1 << 20)), 18) +
+        pad(std::isnan(score) ? "-" : Format("%12.3f MiB/s", score / (1 << 20)), 20) +
         pad(k == 0 ? "(configured)" : "", 12) +
         (table_.setting_chosen == static_cast<int>(k) ? "  *" : "");
     out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";

@@ -139,7 +139,7 @@ void Autotuner::FinishSettings() {
   settings_decided_ = true;
   Report("measured " + std::to_string(steps_) + " batches per candidate and size class, and " +
          std::to_string(steps_) + " windows of " + std::to_string(cycles_) +
-         " cycles per setting");
+         (cycles_ == 1 ? " cycle" : " cycles") + " per setting");
 }
 
 void Autotuner::DecideSettings(const std::vector<std::vector<std::vector<double>>>& seconds,
