@@ -28,12 +28,13 @@ void CopyUnlessSame(void* dst, const void* src, size_t bytes) {
 // The fusion thresholds and cycle times DDL_AUTOTUNE tries, one knob at a
 // time around the configured pair (first, so a tie keeps it): a grid of
 // both would take the product of the two lists in windows, most of a
-// short job. Thresholds: 4 MiB is about where a message's fixed cost (tens
-// of microseconds) is a few percent of its transfer on 10-100 Gb/s links,
-// 64 MiB is about a large model's whole gradient of one layer group, 16
-// between; smaller batches start sooner (overlap), larger ones pay fewer
-// fixed costs. Cycle times: half and twice the configured one, and 5 ms,
-// where a wait gathers most of a backward pass's gradients into one round.
+// short job. Thresholds: smaller batches start sooner (more overlap with
+// the backward pass), larger ones pay fewer fixed costs; 4 MiB is about
+// where a message's fixed cost (tens of microseconds) falls to a few
+// percent of its transfer on 10-100 Gb/s links, 64 MiB is Horovod's
+// default (what a job ported from it ran with), 16 MiB between. Cycle
+// times: half and twice the configured one, and 5 ms, a wait long enough
+// to gather many of a backward pass's gradients into one round.
 std::vector<AutotuneSetting> SettingCandidates(const Config& config) {
   const AutotuneSetting configured{config.fusion_threshold_mb, config.cycle_time_ms};
   std::vector<AutotuneSetting> out = {configured};
