@@ -33,13 +33,18 @@ def launch(launcher, ranks, mode, table_file):
     settings = parsed.get(f"settings_{mode}", {})
     assert sorted(settings) == list(range(ranks)) and all(c["ok"] for c in settings.values()), (
         settings)
-    proc.in_force = {r: json.loads(c["detail"]) for r, c in settings.items()}
+    # (MB, ms) in force after each call, the same on every rank (the job
+    # checks that).
+    proc.in_force = [tuple(s) for s in json.loads(settings[0]["detail"])]
     return proc
 
 
-def chosen_setting(lines, proc):
+def chosen_setting(lines, proc, measured_from=None):
     """The table's settings rows (one per candidate, with a score, one
-    chosen); asserts every rank of `proc` ran the chosen one at the end."""
+    chosen). Every rank of `proc` ran, call by call: the configured setting
+    until call `measured_from`, then each candidate for one call (windows
+    of one cycle), twice, then the chosen one (from the first call when
+    `measured_from` is None: a loaded table)."""
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("fusion threshold"))
     rows = lines[at + 1:at + 1 + len(SETTINGS)]
     shown = [(float(r.split()[0]), float(r.split()[2])) for r in rows]
@@ -47,8 +52,10 @@ def chosen_setting(lines, proc):
     assert "(configured)" in rows[0] and len(lines) == at + 1 + len(SETTINGS), lines
     chosen = [s for s, r in zip(SETTINGS, rows) if r.rstrip().endswith("*")]
     assert len(chosen) == 1, lines
-    for rank, got in proc.in_force.items():
-        assert (got["fusion_threshold_mb"], got["cycle_time_ms"]) == chosen[0], (rank, got, lines)
+    start = 0 if measured_from is None else measured_from + 2 * len(SETTINGS)
+    plan = ([] if measured_from is None else
+            [SETTINGS[0]] * measured_from + SETTINGS * 2) + [chosen[0]] * (len(proc.in_force) - start)
+    assert proc.in_force == plan and start < len(plan), (proc.in_force, plan, lines)
     return chosen[0]
 
 
@@ -81,7 +88,8 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
         rows = first[at:at + len(candidates)]
         assert all(c in r and " ms" in r for c, r in zip(candidates, rows)), first
         assert sum(r.rstrip().endswith("*") for r in rows) == 1, first
-    chosen = chosen_setting(first, launched)
+    # The algorithms first: 2 size classes x the candidates x 2 batches.
+    chosen = chosen_setting(first, launched, measured_from=2 * 2 * len(candidates))
     saved = table_file.read_text()
     assert saved.startswith("keras_ddl autotune table v2\n") and f"step={step}" in saved
     assert f"\nsettings_chosen {SETTINGS.index(chosen)} " in saved, saved

@@ -13,8 +13,9 @@ numpy's sum in the promised order (rank order; nodes then racks with
 racks), on every rank. Ranks that switched at different calls, or to
 different algorithms, would pair different messages and fail or hang.
 Rank 0 prints the table on stderr (the test reads it); every rank reports
-the fusion threshold and cycle time in force at the end (case
-settings_<mode>), which the test compares with the table's choice."""
+the fusion threshold and cycle time in force after each call (case
+settings_<mode>, failed unless every rank's are the same), which the test
+compares with the plan and the table's choice."""
 
 import ctypes
 import json
@@ -57,6 +58,9 @@ def main():
     if ddl.allreduce_algorithm() != want_algorithm:
         problems.append(f"allreduce algorithm {ddl.allreduce_algorithm()}, not {want_algorithm}")
     rng = np.random.default_rng(100 + RANK)
+    from keras_ddl import basics
+    in_force = (ctypes.c_double * 2)()
+    sequence = []  # the fusion threshold and cycle time in force after each call
     for call in range(CALLS):
         # Magnitudes differ per rank, so another summation order shows.
         x = (rng.uniform(-1, 1, SIZES[call % 2]) * 10.0 ** (RANK * 3)).astype(np.float32)
@@ -69,12 +73,16 @@ def main():
         mine = COMM.allgather(got.tobytes())
         if any(m != mine[0] for m in mine):
             problems.append(f"call {call}: ranks got different bits")
+        # The call's cycle set them (the executor's, before its batches),
+        # and no other cycle with an allreduce can run before the next call.
+        if basics._core.ddl_settings_in_force(in_force) != 0:
+            problems.append("ddl_settings_in_force failed")
+        sequence.append([in_force[0], in_force[1]])
     report(f"results_{mode}", RANK, not problems, "; ".join(problems))
-    from keras_ddl import basics
-    in_force = (ctypes.c_double * 2)()
-    got = basics._core.ddl_settings_in_force(in_force)
-    report(f"settings_{mode}", RANK, got == 0,
-           json.dumps({"fusion_threshold_mb": in_force[0], "cycle_time_ms": in_force[1]}))
+    sequences = COMM.allgather(sequence)
+    same = all(s == sequences[0] for s in sequences)
+    report(f"settings_{mode}", RANK, same,
+           json.dumps(sequence) if same else f"ranks ran other settings: {sequences}")
     COMM.Barrier()
     ddl.shutdown()
 
