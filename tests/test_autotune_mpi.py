@@ -1,9 +1,13 @@
 """DDL_AUTOTUNE=1 under mpiexec (tests/mpi/autotune_job.py): the first
-launch measures on its own allreduces and prints one table, every rank's
-results are numpy's sum bit for bit through the switch, and rank 0 saves
-the table to DDL_AUTOTUNE_FILE; a second launch of the same shape loads it
+launch measures on its own allreduces and prints one table (algorithms per
+size class, then fusion threshold and cycle time), every rank's results
+are numpy's sum bit for bit through the switches, every rank ends with the
+table's chosen threshold and cycle time in force, and rank 0 saves the
+table to DDL_AUTOTUNE_FILE; a second launch of the same shape loads it
 instead of measuring; a launch of another shape refuses it with a warning
 and measures again."""
+
+import json
 
 import os
 
@@ -11,17 +15,48 @@ import pytest
 from conftest import Launcher
 
 HEADER = "keras_ddl autotune:"
+# The settings tried with the default DDL_FUSION_THRESHOLD_MB=128 and
+# DDL_CYCLE_TIME_MS=1 (executor.cc, SettingCandidates), as (MB, ms).
+SETTINGS = [(128, 1), (4, 1), (16, 1), (64, 1), (128, 0.5), (128, 2), (128, 5)]
 
 
 def launch(launcher, ranks, mode, table_file):
-    env = {"DDL_AUTOTUNE": "1", "DDL_AUTOTUNE_STEPS": "2", "DDL_AUTOTUNE_FILE": str(table_file)}
+    env = {"DDL_AUTOTUNE": "1", "DDL_AUTOTUNE_STEPS": "2", "DDL_AUTOTUNE_CYCLES": "1",
+           "DDL_AUTOTUNE_FILE": str(table_file)}
     proc = launcher.mpi(ranks, "autotune_job.py", mode, env=env, timeout=400)
-    cases = Launcher.parse_cases(proc).get(f"results_{mode}", {})
+    parsed = Launcher.parse_cases(proc)
+    cases = parsed.get(f"results_{mode}", {})
     failures = {r: c["detail"] for r, c in cases.items() if not c["ok"]}
     assert proc.returncode == 0 and sorted(cases) == list(range(ranks)) and not failures, (
         f"exit {proc.returncode}, reports from {sorted(cases)}, failures {failures}\n"
         f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    settings = parsed.get(f"settings_{mode}", {})
+    assert sorted(settings) == list(range(ranks)) and all(c["ok"] for c in settings.values()), (
+        settings)
+    # (MB, ms) in force after each call, the same on every rank (the job
+    # checks that).
+    proc.in_force = [tuple(s) for s in json.loads(settings[0]["detail"])]
     return proc
+
+
+def chosen_setting(lines, proc, measured_from=None):
+    """The table's settings rows (one per candidate, with a score, one
+    chosen). Every rank of `proc` ran, call by call: the configured setting
+    until call `measured_from`, then each candidate for one call (windows
+    of one cycle), twice, then the chosen one (from the first call when
+    `measured_from` is None: a loaded table)."""
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("fusion threshold"))
+    rows = lines[at + 1:at + 1 + len(SETTINGS)]
+    shown = [(float(r.split()[0]), float(r.split()[2])) for r in rows]
+    assert shown == SETTINGS and all("MiB/s" in r for r in rows), lines
+    assert "(configured)" in rows[0] and len(lines) == at + 1 + len(SETTINGS), lines
+    chosen = [s for s, r in zip(SETTINGS, rows) if r.rstrip().endswith("*")]
+    assert len(chosen) == 1, lines
+    start = 0 if measured_from is None else measured_from + 2 * len(SETTINGS)
+    plan = ([] if measured_from is None else
+            [SETTINGS[0]] * measured_from + SETTINGS * 2) + [chosen[0]] * (len(proc.in_force) - start)
+    assert proc.in_force == plan and start < len(plan), (proc.in_force, plan, lines)
+    return chosen[0]
 
 
 def table(proc):
@@ -41,9 +76,11 @@ def table(proc):
 ])
 def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, candidates):
     table_file = tmp_path / "autotune.txt"
-    first = table(launch(launcher, ranks, mode, table_file))
+    launched = launch(launcher, ranks, mode, table_file)
+    first = table(launched)
     assert f"the {step} step's allreduce (ranks={ranks} " in first[0], first
     assert "measured 2 batches per candidate" in first[0], first
+    assert "and 2 windows of 1 cycle per setting" in first[0], first
     # Both size classes the job used were measured, with every candidate,
     # and each has exactly one choice.
     for size_class in ("< 64 KiB", "64 KiB - 1 MiB"):
@@ -51,8 +88,11 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
         rows = first[at:at + len(candidates)]
         assert all(c in r and " ms" in r for c, r in zip(candidates, rows)), first
         assert sum(r.rstrip().endswith("*") for r in rows) == 1, first
+    # The algorithms first: 2 size classes x the candidates x 2 batches.
+    chosen = chosen_setting(first, launched, measured_from=2 * 2 * len(candidates))
     saved = table_file.read_text()
-    assert saved.startswith("keras_ddl autotune table v1\n") and f"step={step}" in saved
+    assert saved.startswith("keras_ddl autotune table v2\n") and f"step={step}" in saved
+    assert f"\nsettings_chosen {SETTINGS.index(chosen)} " in saved, saved
     assert f"ranks={ranks} " in saved, saved
     assert not [p for p in os.listdir(tmp_path) if ".tmp." in p], os.listdir(tmp_path)
     mtime = table_file.stat().st_mtime_ns
@@ -62,6 +102,7 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
     second = table(again)
     assert f"loaded from {table_file}, not measured again" in second[0], second
     assert second[1:] == first[1:], (first, second)
+    assert chosen_setting(second, again) == chosen
     assert table_file.stat().st_mtime_ns == mtime
 
 

@@ -15,7 +15,8 @@ def test_bad_value_fails_on_every_rank(launcher, name):
 
 DIFFERING = ["differs:DDL_FUSION_THRESHOLD_MB", "differs:DDL_CACHE_CAPACITY",
              "differs:DDL_ALLREDUCE", "differs:DDL_LOCAL_SIZE", "differs:DDL_SHM_POOL_MB",
-             "differs:DDL_AUTOTUNE", "differs:DDL_AUTOTUNE_STEPS", "per_rank_settings_may_differ"]
+             "differs:DDL_AUTOTUNE", "differs:DDL_AUTOTUNE_STEPS", "differs:DDL_AUTOTUNE_CYCLES",
+             "per_rank_settings_may_differ"]
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -150,6 +150,18 @@ int ddl_traffic(uint64_t* out) {
   return 0;
 }
 
+// The fusion threshold (MB) and cycle time (ms) in force, which
+// DDL_AUTOTUNE=1 may have changed, in out[0] and out[1]. Returns 0, or -1
+// when not initialised.
+int ddl_settings_in_force(double* out) {
+  auto engine = ddl::CurrentEngine();
+  if (!engine) return -1;
+  const ddl::AutotuneSetting s = engine->settings();
+  out[0] = s.fusion_threshold_mb;
+  out[1] = s.cycle_time_ms;
+  return 0;
+}
+
 // The MPI library this core was linked against, to check that mpi4py in
 // the same process uses the same one.
 int ddl_mpi_library_version(char* out, int capacity);

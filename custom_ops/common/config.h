@@ -34,12 +34,14 @@ struct Config {
   int spin_polls = 50;                // DDL_SPIN_POLLS: busy polls before a wait yields
   EnginePriority engine_priority = EnginePriority::kAuto;  // DDL_ENGINE_PRIORITY
   // DDL_AUTOTUNE=1: time the network step's candidates on the first
-  // allreduce batches and keep the fastest per size class
-  // (engine/autotune.h); DDL_AUTOTUNE_STEPS batches per candidate and
-  // class; DDL_AUTOTUNE_FILE: where rank 0 saves the table and finds it
-  // again on the next run.
+  // allreduce batches and keep the fastest per size class, then the
+  // fusion threshold and cycle time (engine/autotune.h);
+  // DDL_AUTOTUNE_STEPS batches per candidate and class, and windows per
+  // setting; DDL_AUTOTUNE_CYCLES cycles per window; DDL_AUTOTUNE_FILE:
+  // where rank 0 saves the table and finds it again on the next run.
   int autotune = 0;
   int autotune_steps = 5;
+  int autotune_cycles = 5;
   std::string autotune_file;
 
   // Reads the environment; fills *config or returns InvalidArgument.

@@ -20,7 +20,11 @@ AutotuneTimeHook& Hook() {
   return hook;
 }
 
-constexpr const char* kHeader = "keras_ddl autotune table v1";
+// v2 added the fusion threshold and cycle time. A v1 table is refused:
+// loading its algorithms alone would leave the settings to a measurement
+// whose result the next save would mix with a table it did not make.
+constexpr const char* kHeader = "keras_ddl autotune table v2";
+constexpr const char* kHeaderV1 = "keras_ddl autotune table v1";
 
 // Doubles as bytes and back (the gather's payload; one machine's ranks
 // and a cluster's share the representation, IEEE doubles).
@@ -35,12 +39,16 @@ double GetDouble(const std::vector<char>& in, size_t* at) {
   return v;
 }
 
-double Median(std::vector<double> v) {
+}  // namespace
+
+double AutotuneMedian(std::vector<double> v) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
+
+namespace {
 
 std::string Format(const char* fmt, double v) {
   char text[64];
@@ -118,7 +126,9 @@ void Autotuner::After(const Ticket& ticket, double seconds) {
 
 void Autotuner::Start() {
   started_ = true;
-  // Rank 0's saved table, if it has one of this shape, is every rank's.
+  // Rank 0's settings to try (its cycle time may differ from another
+  // rank's) and its saved table, if it has one of this shape, are every
+  // rank's.
   std::vector<char> payload;
   if (plane_.rank() == 0 && !file_.empty()) {
     std::ifstream in(file_);
@@ -127,23 +137,40 @@ void Autotuner::Start() {
       text << in.rdbuf();
       AutotuneTable loaded;
       std::string why;
-      if (Parse(text.str(), &loaded, &why)) {
+      if (Parse(text.str(), &loaded, &why) && !settings_.empty() && loaded.setting_chosen < 0) {
+        why = "it has no chosen fusion threshold and cycle time";
+      } else if (why.empty()) {
         const std::string s = text.str();
         payload.assign(s.begin(), s.end());
-      } else {
+      }
+      if (!why.empty()) {
         print_("keras_ddl: warning: not using DDL_AUTOTUNE_FILE=" + file_ + ": " + why +
                "; measuring again\n");
       }
     }
   }
+  if (plane_.rank() == 0) {
+    const std::string line = SettingsLine() + "\n";
+    payload.insert(payload.begin(), line.begin(), line.end());
+  }
   plane_.BroadcastBytes(payload, 0);
-  if (payload.empty()) return;
+  const std::string text(payload.begin(), payload.end());
+  const size_t eol = text.find('\n');
+  // Every rank, rank 0 too, runs the parsed values: the same doubles.
+  if (eol == std::string::npos || !ParseSettings(text.substr(0, eol), &settings_)) {
+    throw std::runtime_error("autotune: rank 0's settings do not parse: " + text.substr(0, eol));
+  }
+  window_seconds_.assign(settings_.size(), {});
+  window_total_bytes_.assign(settings_.size(), {});
+  table_.setting_score.assign(settings_.size(), std::numeric_limits<double>::quiet_NaN());
+  if (eol + 1 == text.size()) return;
   std::string why;
-  if (!Parse(std::string(payload.begin(), payload.end()), &table_, &why, false)) {
+  if (!Parse(text.substr(eol + 1), &table_, &why, false)) {
     // Rank 0 parsed the same text with the same shape: cannot differ.
     throw std::runtime_error("autotune: rank 0's saved table does not parse here: " + why);
   }
   decided_ = true;
+  settings_decided_ = true;
   if (plane_.rank() == 0) print_(Describe("loaded from " + file_ + ", not measured again"));
 }
 
@@ -182,11 +209,16 @@ void Autotuner::Finish() {
     throw std::runtime_error("autotune: rank 0's decision does not parse: " + why);
   }
   decided_ = true;
-  if (plane_.rank() == 0) {
-    print_(Describe("measured " + std::to_string(steps_) +
-                    " batches per candidate and size class"));
-    Save();
+  // With settings to tune, the one table comes once they are decided too.
+  if (settings_.empty()) {
+    Report("measured " + std::to_string(steps_) + " batches per candidate and size class");
   }
+}
+
+void Autotuner::Report(const std::string& how) {
+  if (plane_.rank() != 0) return;
+  print_(Describe(how));
+  Save();
 }
 
 AutotuneTable Autotuner::Decide(const std::vector<Samples>& per_rank, int candidates) {
@@ -204,7 +236,7 @@ AutotuneTable Autotuner::Decide(const std::vector<Samples>& per_rank, int candid
       for (const Samples& s : per_rank) {
         for (size_t i = 0; i < samples; ++i) slowest[i] = std::max(slowest[i], s[c][k][i]);
       }
-      t.median[c][k] = Median(slowest);
+      t.median[c][k] = AutotuneMedian(slowest);
       if (t.chosen[c] < 0 || t.median[c][k] < t.median[c][t.chosen[c]]) t.chosen[c] = k;
     }
   }
@@ -239,6 +271,22 @@ std::string Autotuner::Describe(const std::string& how) const {
       out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";
     }
   }
+  if (settings_.empty()) return out.str();
+  // The score's definition is in the heading: wall time, so a window's
+  // compute counts (see BeginCycle).
+  out << "  " << pad("fusion threshold", 18) << pad("cycle time", 12)
+      << pad("slowest-rank median", 32) << "  chosen"
+      << "   (MiB allreduced per second of wall time, per window of cycles)\n";
+  for (size_t k = 0; k < settings_.size(); ++k) {
+    const double score = k < table_.setting_score.size() ? table_.setting_score[k] : std::nan("");
+    std::string row =
+        "  " + pad(Format("%g MB", settings_[k].fusion_threshold_mb), 18) +
+        pad(Format("%g ms", settings_[k].cycle_time_ms), 12) +
+        pad(std::isnan(score) ? "-" : Format("%12.3f MiB/s", score / (1 << 20)), 20) +
+        pad(k == 0 ? "(configured)" : "", 12) +
+        (table_.setting_chosen == static_cast<int>(k) ? "  *" : "");
+    out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";
+  }
   return out.str();
 }
 
@@ -254,6 +302,13 @@ std::string Autotuner::Serialize() const {
     for (double m : table_.median[c]) out << " " << (std::isnan(m) ? "nan" : Format("%.9g", m));
     out << "\n";
   }
+  out << SettingsLine() << "\n";
+  out << "settings_chosen " << table_.setting_chosen << " median_bytes_per_second";
+  for (size_t k = 0; k < settings_.size(); ++k) {
+    const double v = k < table_.setting_score.size() ? table_.setting_score[k] : std::nan("");
+    out << " " << (std::isnan(v) ? "nan" : Format("%.9g", v));
+  }
+  out << "\n";
   return out.str();
 }
 
@@ -262,7 +317,9 @@ bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* 
   std::istringstream in(text);
   std::string line;
   if (!std::getline(in, line) || line != kHeader) {
-    *why = "not a keras_ddl autotune table";
+    *why = line == kHeaderV1 ? "it is a table of an earlier keras_ddl (v1), without the fusion "
+                               "threshold and cycle time"
+                             : "not a keras_ddl autotune table";
     return false;
   }
   if (!std::getline(in, line) || line.rfind("shape ", 0) != 0 ||
@@ -299,6 +356,27 @@ bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* 
     t.chosen.push_back(chosen);
     t.median.push_back(medians);
   }
+  const std::string settings = SettingsLine();
+  if (!std::getline(in, line) || line != settings) {
+    *why = "it has other fusion thresholds and cycle times (" + line + "; this job: " +
+           settings + ")";
+    return false;
+  }
+  std::string word1, word2;
+  int chosen = -2;
+  std::getline(in, line);
+  std::istringstream row(line);
+  row >> word1 >> chosen >> word2;
+  for (std::string v; row >> v;) {
+    t.setting_score.push_back(v == "nan" ? std::nan("") : std::atof(v.c_str()));
+  }
+  if (word1 != "settings_chosen" || chosen < -1 ||
+      chosen >= static_cast<int>(settings_.size()) || word2 != "median_bytes_per_second" ||
+      t.setting_score.size() != settings_.size()) {
+    *why = "malformed line '" + line + "'";
+    return false;
+  }
+  t.setting_chosen = chosen;
   *out = std::move(t);
   return true;
 }

@@ -14,14 +14,27 @@
 // collective is as fast as its slowest rank) and, per candidate, the
 // median over samples; it picks the fastest and broadcasts the table
 // (BroadcastBytes), so every rank switches at the same batch. A class not
-// seen by then keeps the size rule. Rank 0 prints the table to stderr and,
-// with DDL_AUTOTUNE_FILE, saves it; a later run of the same shape loads it
-// at its first batch instead of measuring.
+// seen by then keeps the size rule.
+//
+// Then, with settings to tune (TuneSettings), the fusion threshold and the
+// cycle time: from the next executor cycle that runs allreduces, the
+// candidate settings take turns by windows of `cycles` such cycles
+// (DDL_AUTOTUNE_STEPS windows each). The executor's cycles run the
+// negotiated ready lists, the same on every rank, so every rank counts the
+// same cycles and uses the same setting in each. A window's score is the
+// bytes it allreduced over the wall time from its first cycle's start to
+// the next window's first cycle's start; rank 0 takes per window the
+// slowest rank's time, per candidate the median, picks the highest score
+// and broadcasts it at the cycle that closes the last window, which
+// already runs the choice. Rank 0 prints the one table to stderr and, with
+// DDL_AUTOTUNE_FILE, saves it; a later run of the same shape loads both
+// parts at its first batch instead of measuring.
 //
 // Plain C++: no MPI, TensorFlow or engine types, so tests/core drives it
 // over threads as ranks.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -42,6 +55,20 @@ struct AutotuneCandidate {
 // as measured. Set it before the engines start.
 using AutotuneTimeHook = std::function<double(int, int, int, int, double)>;
 void SetAutotuneTimeHook(AutotuneTimeHook hook);
+// The same for the settings' windows: hook(rank, candidate, sample,
+// measured seconds) is the window's seconds.
+using AutotuneWindowHook = std::function<double(int, int, int, double)>;
+void SetAutotuneWindowHook(AutotuneWindowHook hook);
+
+// What the executor runs a cycle with: the largest fused batch and the
+// time between negotiation rounds.
+struct AutotuneSetting {
+  double fusion_threshold_mb = 0;
+  double cycle_time_ms = 0;
+  bool operator==(const AutotuneSetting& o) const {
+    return fusion_threshold_mb == o.fusion_threshold_mb && cycle_time_ms == o.cycle_time_ms;
+  }
+};
 
 // What was measured and chosen: per size class, the median of the slowest
 // rank's times per candidate (NaN: not measured) and the chosen
@@ -49,7 +76,14 @@ void SetAutotuneTimeHook(AutotuneTimeHook hook);
 struct AutotuneTable {
   std::vector<std::vector<double>> median;  // [class][candidate], seconds
   std::vector<int> chosen;                  // [class]
+  // Per setting, the median over windows of bytes / the slowest rank's
+  // seconds (NaN: not measured), and the chosen setting (-1: none yet).
+  std::vector<double> setting_score;  // [setting], bytes per second
+  int setting_chosen = -1;
 };
+
+// The median (the mean of the middle two of an even count); NaN if empty.
+double AutotuneMedian(std::vector<double> v);
 
 class Autotuner {
  public:
@@ -82,7 +116,22 @@ class Autotuner {
   // the batch that completes the measurements.
   void After(const Ticket& ticket, double seconds);
 
+  // Tunes the fusion threshold and cycle time too, after the algorithms:
+  // `settings[0]` is the configured one (and the one used until then),
+  // each candidate gets DDL_AUTOTUNE_STEPS windows of `cycles` cycles.
+  // Before the first Before or BeginCycle. Rank 0's list is every rank's
+  // (the cycle time may differ per rank).
+  void TuneSettings(std::vector<AutotuneSetting> settings, int cycles);
+  // At the start of every executor cycle that runs allreduces (the same
+  // cycles on every rank), with the bytes it allreduces: the setting to
+  // run it with. Collective at its first call (as Before) and at the cycle
+  // that closes the last window.
+  AutotuneSetting BeginCycle(size_t bytes);
+  ~Autotuner();
+
   bool decided() const { return decided_; }
+  bool settings_decided() const { return settings_.empty() || settings_decided_; }
+  const std::vector<AutotuneSetting>& settings() const { return settings_; }
   const AutotuneTable& table() const { return table_; }
   const std::vector<AutotuneCandidate>& candidates() const { return candidates_; }
 
@@ -92,6 +141,16 @@ class Autotuner {
   // equals).
   using Samples = std::vector<std::vector<std::vector<double>>>;
   static AutotuneTable Decide(const std::vector<Samples>& per_rank, int candidates);
+  // Rank 0's decision on the settings: seconds[rank][setting][window] and
+  // bytes[setting][window] (the same on every rank) give per window
+  // bytes / the slowest rank's seconds, per setting the median over
+  // windows; fills table->setting_score and the highest's index (the first
+  // of equals, so a tie keeps the configured setting) in setting_chosen.
+  static void DecideSettings(const std::vector<std::vector<std::vector<double>>>& seconds,
+                             const std::vector<std::vector<double>>& bytes, AutotuneTable* table);
+  // A setting as printed and saved ("128MB/1ms"), and a list of them back.
+  static std::string SettingName(const AutotuneSetting& s);
+  static bool ParseSettings(const std::string& line, std::vector<AutotuneSetting>* out);
 
   // The table as printed (headed "keras_ddl autotune:").
   std::string Describe(const std::string& how) const;
@@ -107,7 +166,10 @@ class Autotuner {
  private:
   void Start();
   void Finish();
+  void FinishSettings();
+  void Report(const std::string& how);  // rank 0: prints the table, saves it
   void Save() const;
+  std::string SettingsLine() const;
 
   ControlPlane& plane_;
   std::vector<AutotuneCandidate> candidates_;
@@ -120,6 +182,16 @@ class Autotuner {
   std::vector<int> batches_;  // measured batches so far, per class
   Samples samples_;           // this rank's, [class][candidate][sample]
   AutotuneTable table_;
+  // The settings' phase: candidates, cycles per window, cycles counted
+  // since it began, the open window, this rank's seconds and bytes per
+  // [setting][window].
+  std::vector<AutotuneSetting> settings_;
+  int cycles_ = 1;
+  bool settings_decided_ = false;
+  long settings_cycle_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
+  double window_bytes_ = 0;
+  std::vector<std::vector<double>> window_seconds_, window_total_bytes_;
 };
 
 }  // namespace ddl

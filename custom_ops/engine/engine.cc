@@ -205,8 +205,6 @@ void Engine::EnqueueAndDrive(std::vector<Work> works) {
   for (auto& [w, reason] : Queue(std::move(works))) Finish(w, reason);
   cycle_on_caller_ = true;
   CycleOwnerScope owner(this);
-  const auto cycle_time = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double, std::milli>(ctx_->config.cycle_time_ms));
   while (*running > 0 && !stopped_) {
     const auto start = std::chrono::steady_clock::now();
     if (!GuardedCycle()) {
@@ -218,6 +216,9 @@ void Engine::EnqueueAndDrive(std::vector<Work> works) {
     // engine thread, meet the others again a cycle after this one began,
     // or at once when more work arrives, rather than in a loop of rounds
     // that would keep every rank's core busy until the stall timeout.
+    // The cycle time is the one in force (DDL_AUTOTUNE may change it).
+    const auto cycle_time = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::duration<double, std::milli>(executor_.settings().cycle_time_ms));
     std::unique_lock<std::mutex> lock(mutex_);
     wake_.wait_until(lock, start + cycle_time,
                      [&] { return !queue_.empty() || shutdown_requested_; });
@@ -345,7 +346,8 @@ void Engine::Loop() {
     // only stall reports wait longer.
     constexpr int kMaxIdleDoublings = 4;
     const auto cycle = std::chrono::duration<double, std::milli>(
-        ctx_->config.cycle_time_ms * (1 << std::min(idle_cycles_.load(), kMaxIdleDoublings)));
+        executor_.settings().cycle_time_ms *
+        (1 << std::min(idle_cycles_.load(), kMaxIdleDoublings)));
     const uint64_t cycles_before = cycles_run_.load();
     {
       std::unique_lock<std::mutex> lock(mutex_);

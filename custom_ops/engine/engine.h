@@ -40,6 +40,8 @@ class Engine {
 
   const Context& context() const { return *ctx_; }
   const TrafficCounters& traffic() const { return executor_.traffic(); }
+  // The fusion threshold and cycle time in force (DDL_AUTOTUNE may change them).
+  AutotuneSetting settings() const { return executor_.settings(); }
 
   // Hands the works to the engine as one unit (they enter the same cycle).
   // Invalid works fail through their done callback before this returns.

@@ -25,6 +25,30 @@ void CopyUnlessSame(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
 }
 
+// The fusion thresholds and cycle times DDL_AUTOTUNE tries, one knob at a
+// time around the configured pair (first, so a tie keeps it): a grid of
+// both would take the product of the two lists in windows, most of a
+// short job. Thresholds: smaller batches start sooner (more overlap with
+// the backward pass), larger ones pay fewer fixed costs; 4 MiB is about
+// where a message's fixed cost (tens of microseconds) falls to a few
+// percent of its transfer on 10-100 Gb/s links, 64 MiB is Horovod's
+// default (what a job ported from it ran with), 16 MiB between. Cycle
+// times: half and twice the configured one, and 5 ms, a wait long enough
+// to gather many of a backward pass's gradients into one round.
+std::vector<AutotuneSetting> SettingCandidates(const Config& config) {
+  const AutotuneSetting configured{config.fusion_threshold_mb, config.cycle_time_ms};
+  std::vector<AutotuneSetting> out = {configured};
+  auto add = [&out](AutotuneSetting s) {
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  };
+  for (double mb : {4.0, 16.0, 64.0}) add({mb, configured.cycle_time_ms});
+  for (double ms : {configured.cycle_time_ms / 2, configured.cycle_time_ms * 2, 5.0}) {
+    // The range DDL_CYCLE_TIME_MS accepts (keras_ddl/settings.def).
+    if (ms >= 0.01 && ms <= 10000) add({configured.fusion_threshold_mb, ms});
+  }
+  return out;
+}
+
 // DDL_AUTOTUNE=1: a tuner of the context's network step (the rack grid,
 // the cross-node step or the flat world), with the algorithms that
 // really exist for it; null where nothing goes over a network or in a
@@ -57,14 +81,31 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
       "ranks=" + std::to_string(ctx.size) + " local=" + std::to_string(ctx.local_size) +
       " nodes=" + std::to_string(ctx.cross_size) +
       " racks=" + std::to_string(ctx.racks ? ctx.topology.num_racks() : 1) + " step=" + step;
-  return std::make_unique<Autotuner>(*ctx.world, std::move(candidates),
-                                     ctx.config.autotune_steps, step, shape,
-                                     ctx.config.autotune_file);
+  auto tuner = std::make_unique<Autotuner>(*ctx.world, std::move(candidates),
+                                           ctx.config.autotune_steps, step, shape,
+                                           ctx.config.autotune_file);
+  tuner->TuneSettings(SettingCandidates(ctx.config), ctx.config.autotune_cycles);
+  return tuner;
 }
 }  // namespace
 
 void Executor::Run(std::vector<Work>& ready, int active) {
-  const size_t threshold = static_cast<size_t>(ctx_.config.fusion_threshold_mb * 1024 * 1024);
+  size_t cycle_bytes = 0;
+  bool allreduces = false;
+  for (const Work& w : ready) {
+    if (w.collective != Collective::kAllreduce) continue;
+    allreduces = true;
+    cycle_bytes += Bytes(w);
+  }
+  // The tuner's setting for this cycle: the same on every rank, since the
+  // ready list is. The batches below follow from it, and the engine's next
+  // wait takes the cycle time.
+  if (tuner_ && allreduces) {
+    const AutotuneSetting s = tuner_->BeginCycle(cycle_bytes);
+    fusion_threshold_mb_ = s.fusion_threshold_mb;
+    cycle_time_ms_ = s.cycle_time_ms;
+  }
+  const size_t threshold = static_cast<size_t>(fusion_threshold_mb_.load() * 1024 * 1024);
   // Batches keyed by (dtype, wire dtype, op) in order of first appearance:
   // the same list on every rank gives the same batches everywhere.
   std::vector<std::vector<Work*>> batches;
@@ -116,7 +157,10 @@ void Executor::Run(std::vector<Work>& ready, int active) {
   }
 }
 
-Executor::Executor(Context& ctx) : ctx_(ctx) {
+Executor::Executor(Context& ctx)
+    : ctx_(ctx),
+      fusion_threshold_mb_(ctx.config.fusion_threshold_mb),
+      cycle_time_ms_(ctx.config.cycle_time_ms) {
   if (ctx_.node_memory) {
     node_allreduce_ = std::make_unique<NodeAllreduce>(
         *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size, traffic_);

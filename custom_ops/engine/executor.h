@@ -3,6 +3,7 @@
 // from the engine thread, identically ordered on every rank.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -25,6 +26,9 @@ class Executor {
   // zeros), the divisor of an Average.
   void Run(std::vector<Work>& ready, int active);
   const TrafficCounters& traffic() const { return traffic_; }
+  // The fusion threshold and cycle time in force: the configured ones, or
+  // DDL_AUTOTUNE's (any thread may ask).
+  AutotuneSetting settings() const { return {fusion_threshold_mb_.load(), cycle_time_ms_.load()}; }
 
  private:
   // Phase name and seconds, of one batch, for the timeline.
@@ -65,6 +69,7 @@ class Executor {
   // DDL_AUTOTUNE=1 in the global context with a network step; else null.
   std::unique_ptr<Autotuner> tuner_;
   NetworkChoice network_choice_ = NetworkChoice::kAuto;  // of the batch running
+  std::atomic<double> fusion_threshold_mb_, cycle_time_ms_;
 };
 
 }  // namespace ddl

@@ -9,10 +9,21 @@
 //   file     - the table saved by rank 0 is loaded by the next run of the
 //              same shape (nothing measured), refused with a warning for
 //              another shape (measured again);
+//   settings - 2 and 3 ranks: the fusion threshold and cycle time, by
+//              windows of cycles after the algorithms; the slowest rank's
+//              bytes per second per window and the median over windows
+//              pick the setting (min over ranks, rank 0's own times or the
+//              mean would pick others); every rank runs the same setting
+//              in every cycle and switches at the same cycle; the one
+//              table has the settings' rows; the saved table round-trips
+//              both parts, and a v1 table, one of other settings and one
+//              of another shape are refused with a warning and measured;
 //   engine   - whole Engines (flat over 3 ranks, and 2 nodes x 2 local
 //              ranks through shared memory) with DDL_AUTOTUNE=1: results
 //              bitwise equal on every rank and equal to the rank-order sum
-//              before, during and after the switch to the tuned choice.
+//              before, during and after the switches to the tuned
+//              algorithm and the tuned fusion threshold (which batches
+//              the calls' two tensors differently), applied on every rank.
 // Prints one line per failure and "<N> checks, <F> failures".
 #include <atomic>
 #include <chrono>
@@ -197,7 +208,7 @@ void SavedTableIsReused() {
   InjectTimes(ranks);
   RunResult first = RunTuners(ranks, "ranks=3 step=world", files, 40);
   const std::string saved = ReadAll(file);
-  Expect(Contains(saved, "keras_ddl autotune table v1") && Contains(saved, "shape ranks=3"),
+  Expect(Contains(saved, "keras_ddl autotune table v2") && Contains(saved, "shape ranks=3"),
          "rank 0 saved the table:\n" + saved);
   Expect(access((file + ".tmp." + std::to_string(getpid())).c_str(), F_OK) != 0,
          "no temporary file is left behind");
@@ -243,11 +254,224 @@ void SavedTableIsReused() {
   // A malformed file: refused, measured.
   {
     std::ofstream bad(file, std::ios::trunc);
-    bad << "keras_ddl autotune table v1\nshape ranks=3 step=world\nrubbish\n";
+    bad << "keras_ddl autotune table v2\nshape ranks=3 step=world\nrubbish\n";
   }
   RunResult broken = RunTuners(ranks, "ranks=3 step=world", files, 40);
   Expect(Contains(broken.printed[0], "warning: not using") && broken.measured[0] == 4 * kSteps,
          "a malformed file is refused and the job measures:\n" + broken.printed[0]);
+  SetAutotuneTimeHook(nullptr);
+  std::remove(file.c_str());
+  rmdir(dir.c_str());
+}
+
+// The settings' phase, over threads as ranks. Three settings; windows of
+// kCycles cycles; each cycle runs one batch (alternately small and large,
+// so every window moves the same bytes).
+constexpr int kCycles = 2;
+std::vector<AutotuneSetting> ThreeSettings() { return {{128, 1}, {4, 1}, {128, 5}}; }
+
+// Injected window seconds (ms), chosen so that each rule picks differently:
+//   setting 0: 2 everywhere;
+//   setting 1: 1.5 everywhere but one window of 50 on the last rank (the
+//              median ignores it; a mean, 17.7, would pick setting 0);
+//   setting 2: 1 on rank 0, 3 elsewhere (slowest 3; fastest rank and
+//              rank 0 alone: 1, the best).
+// The slowest rank's median picks setting 1, not the last window's
+// setting (2): a rank that switched a cycle late would show.
+double InjectedWindow(int ranks, int rank, int k, int sample) {
+  const bool last = rank == ranks - 1;
+  if (k == 0) return 2;
+  if (k == 1) return last && sample == 1 ? 50 : 1.5;
+  return rank == 0 ? 1 : 3;
+}
+
+struct SettingsRun {
+  std::vector<std::vector<AutotuneSetting>> used;  // [rank][cycle]
+  std::vector<int> settings_decided_at;
+  std::vector<AutotuneTable> table;
+  std::vector<std::string> printed;
+  std::atomic<int> windows_measured{0};
+};
+
+void RunSettingsTuners(int ranks, const std::string& shape, const std::vector<std::string>& files,
+                       int cycles, SettingsRun* out,
+                       std::vector<AutotuneSetting> settings = ThreeSettings()) {
+  InProcessGroup group(ranks, 1 << 20);
+  out->used.assign(ranks, {});
+  out->settings_decided_at.assign(ranks, -1);
+  out->table.assign(ranks, {});
+  out->printed.assign(ranks, "");
+  group.Run([&](int r) {
+    InProcessRank plane(group, r);
+    // Each rank's own cycle time in its first candidate: rank 0's list is
+    // every rank's.
+    std::vector<AutotuneSetting> mine = settings;
+    if (r > 0) mine[0].cycle_time_ms *= 3;
+    {
+      Autotuner tuner(plane, TwoCandidates(), kSteps, "world", shape, files[r],
+                      [out, r](const std::string& text) { out->printed[r] += text; });
+      tuner.TuneSettings(mine, kCycles);
+      for (int c = 0; c < cycles; ++c) {
+        const size_t bytes = c % 2 ? kLarge : kSmall;
+        out->used[r].push_back(tuner.BeginCycle(bytes));
+        if (tuner.settings_decided() && out->settings_decided_at[r] < 0) {
+          out->settings_decided_at[r] = c;
+        }
+        Autotuner::Ticket t;
+        tuner.Before(bytes, &t);
+        tuner.After(t, 1e-3);
+      }
+      out->table[r] = tuner.table();
+    }
+  });
+}
+
+void InjectWindows(int ranks, std::atomic<int>* measured) {
+  SetAutotuneWindowHook([ranks, measured](int rank, int k, int sample, double) {
+    ++*measured;
+    return InjectedWindow(ranks, rank, k, sample) * 1e-3;
+  });
+}
+
+void SettingsFromTheSlowestRank() {
+  for (int ranks : {2, 3}) {
+    const std::string n = " (" + std::to_string(ranks) + " ranks)";
+    InjectTimes(ranks);
+    SettingsRun res;
+    InjectWindows(ranks, &res.windows_measured);
+    constexpr int kCyclesRun = 40;
+    RunSettingsTuners(ranks, "test", std::vector<std::string>(ranks), kCyclesRun, &res);
+    // The algorithms take 4 x kSteps cycles (one batch each); then 3
+    // settings x kSteps windows of kCycles cycles; the next cycle closes
+    // the last window and runs the choice.
+    const int first = 4 * kSteps, switch_at = first + 3 * kSteps * kCycles;
+    const std::vector<AutotuneSetting> s = ThreeSettings();
+    std::vector<AutotuneSetting> want;
+    for (int c = 0; c < kCyclesRun; ++c) {
+      want.push_back(c < first       ? s[0]
+                     : c < switch_at ? s[((c - first) / kCycles) % 3]
+                                     : s[1]);
+    }
+    for (int r = 0; r < ranks; ++r) {
+      Expect(res.used[r] == want, "the setting of every cycle, rank 0's list" + n + R(r));
+      Expect(res.settings_decided_at[r] == switch_at,
+             "the settings switch at the cycle that closes the last window" + n + R(r) + ": " +
+                 std::to_string(res.settings_decided_at[r]));
+      Expect(res.table[r].setting_chosen == 1,
+             "the slowest rank's median picks setting 1" + n + R(r) + ": " +
+                 std::to_string(res.table[r].setting_chosen));
+      Expect(res.table[r].chosen[0] == 1 && res.table[r].chosen[2] == 0,
+             "the algorithms are chosen as before" + n + R(r));
+      const bool table = Contains(res.printed[r], "keras_ddl autotune:");
+      Expect(r == 0 ? table : res.printed[r].empty(), "only rank 0 prints" + n + R(r));
+    }
+    Expect(res.windows_measured == ranks * 3 * kSteps, "every window measured once" + n);
+    // Scores: bytes per window over the slowest rank's seconds.
+    const double bytes = kSmall + kLarge;
+    const std::vector<double>& score = res.table[0].setting_score;
+    Expect(score.size() == 3 && score[0] == bytes / 2e-3 && score[1] == bytes / 1.5e-3 &&
+               score[2] == bytes / 3e-3,
+           "the scores are the slowest rank's bytes per second" + n);
+    const std::string& p = res.printed[0];
+    Expect(p.find("keras_ddl autotune:") == p.rfind("keras_ddl autotune:"),
+           "one table" + n + ":\n" + p);
+    auto row = [&p](const std::string& start) {
+      const size_t at = p.find("\n  " + start);
+      return at == std::string::npos ? std::string("(missing)")
+                                     : p.substr(at + 1, p.find('\n', at + 1) - at - 1);
+    };
+    char mibs[64];
+    std::snprintf(mibs, sizeof mibs, "%.3f MiB/s", bytes / 1.5e-3 / (1 << 20));
+    Expect(Contains(row("4 MB              1 ms"), mibs) &&
+               row("4 MB              1 ms").back() == '*',
+           "the table's chosen row, with its score" + n + ":\n" + p);
+    Expect(Contains(row("128 MB            1 ms"), "(configured)") &&
+               row("128 MB            1 ms").back() != '*' &&
+               row("128 MB            5 ms").back() != '*',
+           "the configured row and the other, not chosen" + n + ":\n" + p);
+    Expect(Contains(p, "and " + std::to_string(kSteps) + " windows of " +
+                           std::to_string(kCycles) + " cycles per setting"),
+           "the table says what was measured" + n + ":\n" + p);
+  }
+  // DecideSettings on its own: max over ranks, median over windows,
+  // bytes per second (not seconds alone).
+  AutotuneTable t;
+  Autotuner::DecideSettings({{{1, 1, 1}, {1, 1, 1}}, {{2, 2, 2}, {1.5, 9, 1.5}}},
+                            {{4, 4, 4}, {2, 2, 2}}, &t);
+  Expect(t.setting_score.size() == 2 && t.setting_score[0] == 2 && t.setting_score[1] == 2 / 1.5,
+         "DecideSettings: median of bytes over the slowest rank's seconds");
+  Expect(t.setting_chosen == 0, "DecideSettings: the most bytes per second, not the least time");
+  Autotuner::DecideSettings({{{1}, {1}}}, {{3}, {3}}, &t);
+  Expect(t.setting_chosen == 0, "DecideSettings: a tie keeps the first (configured) setting");
+  SetAutotuneWindowHook(nullptr);
+  SetAutotuneTimeHook(nullptr);
+}
+
+void SavedSettingsAreReused() {
+  constexpr int ranks = 3;
+  char dir_template[] = "/tmp/ddl_autotune_XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string file = dir + "/table.txt";
+  const std::vector<std::string> files = {file, "", ""};
+  const std::string shape = "ranks=3 step=world";
+  InjectTimes(ranks);
+  SettingsRun first;
+  InjectWindows(ranks, &first.windows_measured);
+  RunSettingsTuners(ranks, shape, files, 40, &first);
+  const std::string saved = ReadAll(file);
+  Expect(Contains(saved, "keras_ddl autotune table v2\n") &&
+             Contains(saved, "\nsettings 128MB/1ms 4MB/1ms 128MB/5ms\n") &&
+             Contains(saved, "\nsettings_chosen 1 median_bytes_per_second "),
+         "rank 0 saved both parts of the table:\n" + saved);
+  // The next run of the same shape: window times that would choose
+  // setting 2 if measured.
+  SettingsRun again;
+  SetAutotuneWindowHook([&again](int, int k, int, double) {
+    ++again.windows_measured;
+    return k == 2 ? 1e-3 : 1.0;
+  });
+  RunSettingsTuners(ranks, shape, files, 10, &again);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(again.settings_decided_at[r] == 0 && again.table[r].setting_chosen == 1 &&
+               again.used[r] == std::vector<AutotuneSetting>(10, ThreeSettings()[1]),
+           "the saved setting is every rank's from the first cycle" + R(r));
+    const std::vector<double>& a = again.table[r].setting_score;
+    const std::vector<double>& b = first.table[0].setting_score;
+    bool close = a.size() == b.size();
+    for (size_t k = 0; close && k < a.size(); ++k) close = std::fabs(a[k] - b[k]) <= 1e-8 * b[k];
+    Expect(close, "the loaded scores are the saved ones" + R(r));
+  }
+  Expect(again.windows_measured == 0, "nothing measured with a saved table");
+  Expect(Contains(again.printed[0], "loaded from " + file) &&
+             again.printed[0].find("keras_ddl autotune:") ==
+                 again.printed[0].rfind("keras_ddl autotune:"),
+         "rank 0 prints the loaded table once:\n" + again.printed[0]);
+  auto refused = [&](const std::string& why, const std::string& text_shape,
+                     std::vector<AutotuneSetting> settings) {
+    SettingsRun run;
+    InjectWindows(ranks, &run.windows_measured);
+    RunSettingsTuners(ranks, text_shape, files, 40, &run, settings);
+    Expect(Contains(run.printed[0], "warning: not using DDL_AUTOTUNE_FILE=" + file + ": " + why),
+           "refused: " + why + ":\n" + run.printed[0]);
+    Expect(run.windows_measured == ranks * 3 * kSteps && run.settings_decided_at[0] > 0,
+           "and measured again: " + why);
+  };
+  // A table of v1, as an earlier keras_ddl saved it: its algorithms alone.
+  {
+    std::string v1 = saved.substr(0, saved.find("\nsettings ") + 1);
+    v1.replace(0, v1.find('\n'), "keras_ddl autotune table v1");
+    std::ofstream out(file, std::ios::trunc);
+    out << v1;
+  }
+  refused("it is a table of an earlier keras_ddl (v1), without the fusion threshold and cycle "
+          "time; measuring again", shape, ThreeSettings());
+  Expect(Contains(ReadAll(file), "keras_ddl autotune table v2\n"), "and saved as v2");
+  refused("it has other fusion thresholds and cycle times (settings 128MB/1ms 4MB/1ms "
+          "128MB/5ms; this job: settings 64MB/1ms 4MB/1ms 128MB/5ms)",
+          shape, {{64, 1}, {4, 1}, {128, 5}});
+  refused("it was measured for another job shape", "ranks=3 step=racks",
+          {{64, 1}, {4, 1}, {128, 5}});
+  SetAutotuneWindowHook(nullptr);
   SetAutotuneTimeHook(nullptr);
   std::remove(file.c_str());
   rmdir(dir.c_str());
@@ -275,16 +499,27 @@ void EnginesThroughTheSwitch(int ranks, const char* local_size, const std::strin
   char dir_template[] = "/tmp/ddl_autotune_XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   const std::string file = dir + "/table.txt";
+  // Windows of one cycle; a threshold of 0.25 MB keeps the calls' two
+  // tensors in two batches when the first is large, 4 MB (candidate 1,
+  // made the fastest) fuses them.
   Env a("DDL_AUTOTUNE", "1"), b("DDL_AUTOTUNE_STEPS", "2"), c("DDL_LOCAL_SIZE", local_size),
-      d("DDL_AUTOTUNE_FILE", file.c_str());
+      d("DDL_AUTOTUNE_FILE", file.c_str()), e("DDL_AUTOTUNE_CYCLES", "1"),
+      f("DDL_FUSION_THRESHOLD_MB", "0.25");
+  SetAutotuneWindowHook([](int, int k, int, double) { return k == 1 ? 1e-3 : 2e-3; });
   // Candidate 1 (pairwise + ring) is made fastest for small batches, which
   // the size rule gives to the direct exchange: the switch changes the
   // algorithm of small batches.
   SetAutotuneTimeHook([](int, int c, int k, int, double) { return (k == 1 ? 1 : 2) * 1e-3 + c; });
   InProcessGroup group(ranks, 1 << 16);
-  constexpr int kCalls = 24;
-  const std::vector<int64_t> sizes = {301, 70000};  // floats: classes 0 and 1
-  std::vector<std::vector<std::vector<float>>> out(ranks);
+  constexpr int kCalls = 32;
+  // Each call: tensor A of sizes[call % 2] floats (classes 0 and 1) and B
+  // of 3000 floats. Under 0.25 MB a large A and B are two batches, under
+  // 4 MB one.
+  const std::vector<int64_t> sizes = {301, 70000};
+  constexpr int64_t kB = 3000;
+  auto length = [&sizes](int call, int j) { return j == 0 ? sizes[call % 2] : kB; };
+  std::vector<std::vector<std::vector<float>>> out(ranks);  // [rank][2 call + j]
+  std::vector<AutotuneSetting> in_force(ranks);
   std::mutex errors_mutex;
   std::string errors;
   group.Run([&](int r) {
@@ -294,44 +529,51 @@ void EnginesThroughTheSwitch(int ranks, const char* local_size, const std::strin
     ctx->end_process_on_peer_failure = false;
     Engine engine(std::move(ctx));
     for (int call = 0; call < kCalls; ++call) {
-      const int64_t n = sizes[call % 2];
-      std::vector<float> in(n);
-      for (int64_t i = 0; i < n; ++i) in[i] = Value(r, call, i);
-      std::vector<float> result(n, -1.0f);
-      std::atomic<bool> done{false};
-      Status status;
-      Work w;
-      w.name = "t" + std::to_string(call);
-      w.collective = Collective::kAllreduce;
-      w.dtype = w.wire = DataType::kFloat32;
-      w.op = ReduceOp::kSum;
-      w.shape = {n};
-      w.input = in.data();
-      w.output = result.data();
-      w.done = [&](const Status& st) {
-        status = st;
-        done = true;
-      };
+      std::vector<std::vector<float>> in(2), result(2);
+      std::atomic<int> left{2};
+      Status status[2];
       std::vector<Work> works;
-      works.push_back(std::move(w));
-      engine.EnqueueAndDrive(std::move(works));
-      while (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
-      if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(errors_mutex);
-        errors += status.message() + R(r) + "\n";
+      for (int j = 0; j < 2; ++j) {
+        const int64_t n = length(call, j);
+        in[j].resize(n);
+        for (int64_t i = 0; i < n; ++i) in[j][i] = Value(r, 2 * call + j, i);
+        result[j].assign(n, -1.0f);
+        Work w;
+        w.name = (j ? "u" : "t") + std::to_string(call);
+        w.collective = Collective::kAllreduce;
+        w.dtype = w.wire = DataType::kFloat32;
+        w.op = ReduceOp::kSum;
+        w.shape = {n};
+        w.input = in[j].data();
+        w.output = result[j].data();
+        w.done = [&, j](const Status& st) {
+          status[j] = st;
+          --left;
+        };
+        works.push_back(std::move(w));
       }
-      out[r].push_back(std::move(result));
+      engine.EnqueueAndDrive(std::move(works));
+      while (left > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      for (int j = 0; j < 2; ++j) {
+        if (!status[j].ok()) {
+          std::lock_guard<std::mutex> lock(errors_mutex);
+          errors += status[j].message() + R(r) + "\n";
+        }
+        out[r].push_back(std::move(result[j]));
+      }
     }
+    in_force[r] = engine.settings();
     engine.Shutdown();
   });
   Expect(errors.empty(), what + ": every call succeeded:\n" + errors);
   int equal = 0, exact = 0;
-  for (int call = 0; call < kCalls; ++call) {
-    const int64_t n = sizes[call % 2];
+  for (int k = 0; k < 2 * kCalls; ++k) {
+    const int call = k / 2;
+    const int64_t n = length(call, k % 2);
     bool same = true, right = true;
     for (int r = 1; r < ranks; ++r) {
       same = same && out[r].size() == out[0].size() &&
-             std::memcmp(out[r][call].data(), out[0][call].data(), n * sizeof(float)) == 0;
+             std::memcmp(out[r][k].data(), out[0][k].data(), n * sizeof(float)) == 0;
     }
     // The rank-order sum, with the node's ranks first when hierarchical
     // (local ranks in order, then nodes in order).
@@ -339,23 +581,33 @@ void EnginesThroughTheSwitch(int ranks, const char* local_size, const std::strin
     for (int64_t i = 0; i < n && right; ++i) {
       float total = 0;
       for (int node = 0; node < ranks / local; ++node) {
-        float part = Value(node * local, call, i);
-        for (int l = 1; l < local; ++l) part += Value(node * local + l, call, i);
+        float part = Value(node * local, k, i);
+        for (int l = 1; l < local; ++l) part += Value(node * local + l, k, i);
         total = node == 0 ? part : total + part;
       }
-      right = std::memcmp(&total, &out[0][call][i], sizeof total) == 0;
+      right = std::memcmp(&total, &out[0][k][i], sizeof total) == 0;
     }
     equal += same;
     exact += right;
-    Expect(same, what + ": call " + std::to_string(call) + " bitwise equal on every rank");
-    Expect(right, what + ": call " + std::to_string(call) + " is the rank-order sum");
+    const std::string which = what + ": call " + std::to_string(call) + (k % 2 ? " B" : " A");
+    Expect(same, which + " bitwise equal on every rank");
+    Expect(right, which + " is the rank-order sum");
+  }
+  for (int r = 0; r < ranks; ++r) {
+    Expect(in_force[r] == AutotuneSetting{4, 1},
+           what + ": the chosen threshold and cycle time are in force" + R(r) + ": " +
+               Autotuner::SettingName(in_force[r]));
   }
   const std::string saved = ReadAll(file);
-  Expect(Contains(saved, "class 0 chosen 1 "), what + ": the small class chose candidate 1:\n" +
-                                                   saved);
-  std::printf("%s: %d of %d calls bitwise equal, %d exact\n%s", what.c_str(), equal, kCalls, exact,
-              saved.c_str());
+  Expect(Contains(saved, "class 0 chosen 1 ") && Contains(saved, "class 1 chosen 1 "),
+         what + ": the classes chose candidate 1:\n" + saved);
+  Expect(Contains(saved, "\nsettings 0.25MB/1ms 4MB/1ms 16MB/1ms 64MB/1ms 0.25MB/0.5ms "
+                         "0.25MB/2ms 0.25MB/5ms\nsettings_chosen 1 "),
+         what + ": the settings chose candidate 1:\n" + saved);
+  std::printf("%s: %d of %d tensors bitwise equal, %d exact\n%s", what.c_str(), equal,
+              2 * kCalls, exact, saved.c_str());
   SetAutotuneTimeHook(nullptr);
+  SetAutotuneWindowHook(nullptr);
   std::remove(file.c_str());
   rmdir(dir.c_str());
 }
@@ -370,6 +622,8 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, void (*)()>> checks = {
       {"decide", DecisionFromTheSlowestRank},
       {"file", SavedTableIsReused},
+      {"settings", SettingsFromTheSlowestRank},
+      {"settings", SavedSettingsAreReused},
       {"engine", [] { EnginesThroughTheSwitch(3, "1", "flat, 3 ranks"); }},
       {"engine", [] { EnginesThroughTheSwitch(4, "2", "2 nodes x 2 local ranks"); }},
   };

@@ -1,18 +1,24 @@
 """DDL_AUTOTUNE=1 on one machine, for tests/test_autotune_mpi.py: the
-launcher sets DDL_AUTOTUNE, DDL_AUTOTUNE_STEPS and DDL_AUTOTUNE_FILE; the
-argument picks the network step tuned:
+launcher sets DDL_AUTOTUNE, DDL_AUTOTUNE_STEPS, DDL_AUTOTUNE_CYCLES and
+DDL_AUTOTUNE_FILE; the argument picks the network step tuned:
 
   world  DDL_LOCAL_SIZE=1, every rank a node: the flat allreduce;
   racks  4 ranks, DDL_LOCAL_SIZE=1, Slurm's variables put ranks 0-1 in
          rack ra and 2-3 in rack rb: the rack grid.
 
 Allreduces of two sizes (two size classes) alternate, through the
-measurements, the decision and well after it; every result is checked
-bitwise against numpy's sum in the promised order (rank order; nodes then
-racks with racks), on every rank. Ranks that switched at different calls,
-or to different algorithms, would pair different messages and fail or
-hang. Rank 0 prints the table on stderr (the test reads it)."""
+measurements, the decisions (the algorithms, then the fusion threshold
+and cycle time) and after them; every result is checked bitwise against
+numpy's sum in the promised order (rank order; nodes then racks with
+racks), on every rank. Ranks that switched at different calls, or to
+different algorithms, would pair different messages and fail or hang.
+Rank 0 prints the table on stderr (the test reads it); every rank reports
+the fusion threshold and cycle time in force after each call (case
+settings_<mode>, failed unless every rank's are the same), which the test
+compares with the plan and the table's choice."""
 
+import ctypes
+import json
 import os
 import sys
 
@@ -23,7 +29,9 @@ from mpi4py import MPI
 COMM = MPI.COMM_WORLD
 RANK = COMM.Get_rank()
 SIZES = (1000, 100000)  # float32: < 64 KiB and 64 KiB - 1 MiB
-CALLS = 24
+# Enough for the algorithms (2 classes x 4 candidates x 2 batches with
+# racks), then 7 settings x 2 windows of one cycle, and calls after both.
+CALLS = 40
 
 
 def expected(everyone, mode):
@@ -50,6 +58,9 @@ def main():
     if ddl.allreduce_algorithm() != want_algorithm:
         problems.append(f"allreduce algorithm {ddl.allreduce_algorithm()}, not {want_algorithm}")
     rng = np.random.default_rng(100 + RANK)
+    from keras_ddl import basics
+    in_force = (ctypes.c_double * 2)()
+    sequence = []  # the fusion threshold and cycle time in force after each call
     for call in range(CALLS):
         # Magnitudes differ per rank, so another summation order shows.
         x = (rng.uniform(-1, 1, SIZES[call % 2]) * 10.0 ** (RANK * 3)).astype(np.float32)
@@ -62,7 +73,16 @@ def main():
         mine = COMM.allgather(got.tobytes())
         if any(m != mine[0] for m in mine):
             problems.append(f"call {call}: ranks got different bits")
+        # The call's cycle set them (the executor's, before its batches),
+        # and no other cycle with an allreduce can run before the next call.
+        if basics._core.ddl_settings_in_force(in_force) != 0:
+            problems.append("ddl_settings_in_force failed")
+        sequence.append([in_force[0], in_force[1]])
     report(f"results_{mode}", RANK, not problems, "; ".join(problems))
+    sequences = COMM.allgather(sequence)
+    same = all(s == sequences[0] for s in sequences)
+    report(f"settings_{mode}", RANK, same,
+           json.dumps(sequence) if same else f"ranks ran other settings: {sequences}")
     COMM.Barrier()
     ddl.shutdown()
 
