@@ -269,7 +269,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   const int64_t max_message = static_cast<int64_t>(
       std::max<size_t>(1, std::min(rack.MaxMessageBytes(), across.MaxMessageBytes()) / elem));
   const int64_t piece = std::max<int64_t>(
-      1, std::min<int64_t>(static_cast<int64_t>(piece_bytes / elem), nodes * max_message));
+      1, std::min<int64_t>({static_cast<int64_t>(piece_bytes / elem), nodes * max_message, count}));
   const int64_t pieces = (count + piece - 1) / piece;
   const int64_t max_segment = (piece + nodes - 1) / nodes;
   const int64_t max_sub = (max_segment + racks - 1) / racks;
@@ -281,11 +281,13 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   // piece % that, and starts pieces in piece order on every rank: the k-th
   // message between two ranks on a stage's tag is then piece k's at both
   // ends, whichever order the stages of different pieces move in.
-  constexpr int kSlots = kRackRoundsInFlight;
+  // (A call of fewer pieces needs fewer slots: each holds a piece's
+  // landing areas.)
+  const int slots = static_cast<int>(std::min<int64_t>(kRackRoundsInFlight, pieces));
   const int me = rack.rank();
   std::vector<ScatterRound> rack_scatter, across_scatter;     // A, B
   std::vector<GatherRound> across_gather, rack_gather;        // C, D
-  for (int i = 0; i < kSlots; ++i) {
+  for (int i = 0; i < slots; ++i) {
     rack_scatter.emplace_back(rack, kTagRackScatter, elem, max_segment);
     across_scatter.emplace_back(across, kTagAcrossScatter, elem, max_sub);
     across_gather.emplace_back(across, kTagAcrossGather, elem);
@@ -297,7 +299,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
 
   enum Stage { kA, kB, kC, kD, kStages };
   auto start = [&](int stage, int64_t p) {
-    const int slot = static_cast<int>(p % kSlots);
+    const int slot = static_cast<int>(p % slots);
     switch (stage) {
       case kA: {
         const int64_t first = p * piece;
@@ -316,7 +318,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
     }
   };
   auto done = [&](int stage, int64_t p) {
-    const int slot = static_cast<int>(p % kSlots);
+    const int slot = static_cast<int>(p % slots);
     switch (stage) {
       case kA: return rack_scatter[slot].Done();
       case kB: return across_scatter[slot].Done();
@@ -325,7 +327,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
     }
   };
   auto wait_one = [&](int stage, int64_t p) {
-    const int slot = static_cast<int>(p % kSlots);
+    const int slot = static_cast<int>(p % slots);
     switch (stage) {
       case kA: rack_scatter[slot].WaitOne(); break;
       case kB: across_scatter[slot].WaitOne(); break;
@@ -334,7 +336,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
     }
   };
   auto finish = [&](int stage, int64_t p) {
-    const int slot = static_cast<int>(p % kSlots);
+    const int slot = static_cast<int>(p % slots);
     switch (stage) {
       case kA: rack_scatter[slot].Finish(dtype, sum_op, 0); break;
       // The sub-segment this rank owns is final here: divided once.
@@ -352,7 +354,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   // Every rank moves each piece on as soon as its own round of it is done,
   // with no step shared by the stages: a round waits only for the messages
   // of its piece, never for a slow message of another stage, so the
-  // uplinks keep up to kSlots pieces queued while the rack rounds run. A
+  // uplinks keep up to slots pieces queued while the rack rounds run. A
   // posted receive is always matched: the peer posts the same round once
   // its earlier stages of that piece are done, and the oldest piece in
   // flight anywhere has every earlier stage done on every rank.
@@ -369,7 +371,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
       }
     }
     for (int stage = kB; stage <= kD; ++stage) {
-      while (!queued[stage].empty() && static_cast<int>(flight[stage].size()) < kSlots) {
+      while (!queued[stage].empty() && static_cast<int>(flight[stage].size()) < slots) {
         start(stage, queued[stage].front());
         flight[stage].push_back(queued[stage].front());
         queued[stage].pop_front();
@@ -379,8 +381,8 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
     // A runs over the fast node links; admitting pieces only while few
     // wait for B keeps it from racing through the call and taking the
     // node links from the D rounds that finish pieces.
-    while (admitted < pieces && static_cast<int>(flight[kA].size()) < kSlots &&
-           static_cast<int>(queued[kB].size()) < kSlots) {
+    while (admitted < pieces && static_cast<int>(flight[kA].size()) < slots &&
+           static_cast<int>(queued[kB].size()) < slots) {
       start(kA, admitted);
       flight[kA].push_back(admitted++);
       moved = true;
