@@ -130,8 +130,10 @@ def rack_allreduce(racks, nbytes, alpha=0.0, piece=None, pieces=None, schedule="
     piece's rounds on the faster links (uplink-bound: the first piece's A
     before the uplinks start, the last piece's D after they stop, each
     node_term / (2P); node-bound: the last piece's B and C, each
-    uplink_term / (2P)); the third the latency of each round of the first
-    and last piece, the other pieces' latencies hidden behind the pieces
+    uplink_term / (2P), charged whole although the node links may still
+    have earlier pieces' D rounds to run meanwhile, so there the model
+    errs long by up to that much); the third the latency of each round of
+    the first and last piece, the other pieces' latencies hidden behind the pieces
     queued on the same link (8 in flight cover a latency many times at
     these rates). One piece gives the sum of its four rounds; one rack
     (no uplink stages) or one node per rack (B and C load the node link
