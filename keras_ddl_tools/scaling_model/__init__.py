@@ -60,8 +60,8 @@ from .cluster_overlap import (  # noqa: F401
     half_precision_wire, overlap_from_fit, test_cluster_system)
 from .cluster_refit import (  # noqa: F401
     LOCKSTEP_COMMITS, OBSERVATIONS, REFIT_MIN_BYTES, REFIT_PATTERNS, REFIT_SMALL_BYTES,
-    RESULTS_DIR, Refit, _fit_bound, _parse_shape, _refit_size, _size_bytes, load_observations, observation_bound,
-    observations_from_results, rack_schedule, refit, refit_rows)
+    RESULTS_DIR, Refit, _fit_bound, _parse_shape, _refit_size, _size_bytes, load_observations,
+    observation_bound, observations_from_results, rack_schedule, refit, refit_rows)
 from .links import FP32, GB, MS, US, Link, _check, _nodes, _rack_count  # noqa: F401
 from .plots import plot, seeds_plot  # noqa: F401
 from .published import (  # noqa: F401

@@ -84,9 +84,9 @@ def rack_pieces(call_bytes, per_call=RACK_PIECES_PER_CALL, floor=RACK_PIECE,
     pieces of 1 MiB up to 32 MiB (1 to 32 of them), 32 pieces up to 64 MiB,
     pieces of 2 MiB beyond. Counted as max(min(ceil(call / floor),
     per_call), ceil(call / cap)), without a piece size in between, so float
-    rounding cannot add a piece. (The C++ rounds the piece down to whole bytes and elements, which can
-    leave one more piece of a few elements between 32 and 64 MiB; the
-    model leaves that out.)"""
+    rounding cannot add a piece. (The C++ rounds the piece down to whole
+    bytes and elements, which can leave one more piece of a few elements
+    between 32 and 64 MiB; the model leaves that out.)"""
     if call_bytes <= 0:
         return 1
     return max(min(math.ceil(call_bytes / floor), per_call), math.ceil(call_bytes / cap))
