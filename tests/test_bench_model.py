@@ -327,26 +327,58 @@ def test_rack_allreduce_four_pieces_by_hand():
     # 2 racks x 2 nodes, nodes 1 GB/s, uplinks 0.25 GB/s, 4 MB in 4 pieces of 1 MB.
     # node_term = 2*3/4*4e6/1e9 = 6 ms -> 0.75 ms per node round of a piece;
     # uplink_term = 2*1/2*4e6/0.25e9 = 16 ms -> 2 ms per uplink round of a piece.
-    # Steps (A B C D active): A | A B | A B C | A B C D | B C D | C D | D
+    racks = m.Racks(2, 2, 1e9, 0.25e9)
+    assert racks.bound(4e6) == pytest.approx(16e-3)
+    # Stages: the uplinks are busy 16 ms from the end of the first piece's A
+    # (0.75 ms) to the start of the last piece's D (0.75 ms); 4 latencies
+    assert m.rack_allreduce(racks, 4e6, alpha=1e-5, piece=1e6) == pytest.approx(
+        16e-3 + 1.5e-3 + 4e-5, rel=1e-12)
+    # 16 pieces: the fill and drain shrink to 2 x 0.1875 ms
+    assert m.rack_allreduce(racks, 4e6, piece=0.25e6) == pytest.approx(16.375e-3, rel=1e-12)
+    # Lockstep (before 0446f4a), steps (A B C D active):
+    # A | A B | A B C | A B C D | B C D | C D | D
     # node load:   .75  .75  .75  1.5  .75  .75  .75 ; uplink: 0 2 4 4 4 2 0
     # step = max -> .75 + 2 + 4 + 4 + 4 + 2 + .75 = 17.5 ms, plus 7 latencies
-    racks = m.Racks(2, 2, 1e9, 0.25e9)
-    assert m.rack_allreduce(racks, 4e6, alpha=1e-5, piece=1e6) == pytest.approx(
-        17.5e-3 + 7e-5, rel=1e-12)
-    assert racks.bound(4e6) == pytest.approx(16e-3)
+    assert m.rack_allreduce(racks, 4e6, alpha=1e-5, piece=1e6,
+                            schedule="lockstep") == pytest.approx(17.5e-3 + 7e-5, rel=1e-12)
+    with pytest.raises(ValueError, match="unknown rack schedule"):
+        m.rack_allreduce(racks, 4e6, schedule="steps")
+
+
+def test_rack_allreduce_node_bound_drains_the_last_pieces_uplink_rounds():
+    # 2 racks x 4 nodes, equal rates: node_term = 2*7/8*8e6/1e9 = 14 ms,
+    # uplink_term = 2*1/2*8e6/1e9 = 8 ms; 8 pieces: the last piece's B and C
+    # after the node links' 14 ms, 2 x 0.5 ms
+    racks = m.Racks(2, 4, 1e9, 1e9)
+    assert m.rack_allreduce(racks, 8e6, piece=1e6) == pytest.approx(15e-3, rel=1e-12)
+    # lockstep (node .875 ms per round, uplink .5): 11 steps, A | AB | ABC | 5 x ABCD |
+    # BCD | CD | D = .875 + .875 + 1 + 5 x 1.75 + 1 + .875 + .875 = 14.25 ms. The stages
+    # model is the dearer here: it charges the last piece's B and C whole, where the
+    # node links may still have D rounds of earlier pieces to run meanwhile
+    assert m.rack_allreduce(racks, 8e6, piece=1e6, schedule="lockstep") == pytest.approx(
+        14.25e-3, rel=1e-12)
 
 
 def test_rack_allreduce_one_piece_is_the_sum_of_its_stages():
-    # 2 racks x 4 nodes, equal rates, one piece: A .875 + B .5 + C .5 + D .875 ms
+    # 2 racks x 4 nodes, equal rates, one piece: A .875 + B .5 + C .5 + D .875 ms,
+    # whichever schedule
     racks = m.Racks(2, 4, 1e9, 1e9)
-    assert m.rack_allreduce(racks, 1e6, piece=1e6) == pytest.approx(2.75e-3, rel=1e-12)
+    for schedule in m.SCHEDULES:
+        assert m.rack_allreduce(racks, 1e6, alpha=1e-6, piece=1e6,
+                                schedule=schedule) == pytest.approx(2.754e-3, rel=1e-12)
 
 
 def test_rack_allreduce_one_rack_reaches_the_node_bound():
-    # one rack of 4: A and D on the node links; 8 pieces: half a step of fill,
-    # half of drain, 7 full steps = exactly 2*3/4*8e6/1e9 = 12 ms
+    # one rack of 4: A and D on the node links; 8 pieces: exactly
+    # 2*3/4*8e6/1e9 = 12 ms in both schedules (lockstep: half a step of fill,
+    # half of drain, 7 full steps)
     racks = m.Racks(1, 4, 1e9, 1e9)
-    assert m.rack_allreduce(racks, 8e6, piece=1e6) == pytest.approx(12e-3, rel=1e-12)
+    for schedule in m.SCHEDULES:
+        assert m.rack_allreduce(racks, 8e6, piece=1e6,
+                                schedule=schedule) == pytest.approx(12e-3, rel=1e-12)
+    # one node per rack: B and C load node link and uplink alike, no fill
+    assert m.rack_allreduce(m.Racks(4, 1, 1e9, 0.5e9), 8e6, piece=1e6) == pytest.approx(
+        2 * 3 / 4 * 8e6 / 0.5e9, rel=1e-12)
     # large calls approach the bound of the slowest dimension
     big = m.Racks(4, 16, 12.5e9, 12.5e9)
     S = 1e9
@@ -359,40 +391,60 @@ def test_three_level_adds_the_node_stage_and_shares_the_links():
     inter = m.Link(alpha=5e-6, bandwidth=10e9)
     uplink = m.Link(alpha=5e-6, bandwidth=20e9)
     S = 16 * 2**20
-    # 4 racks x 2 nodes x 2 GPUs: each GPU's 8 MB slice in 8 pieces of 1 MB,
-    # the two grids sharing each node's link: the grid sees the node's 16 MB
+    # 4 racks x 2 nodes x 2 GPUs: 4 shared-memory chunks of 4 MiB, each a rack
+    # allreduce of its own on the two GPUs' 2 MiB slices in 8 pieces of 256 KiB;
+    # the two grids share each node's link: the grid sees the node's 4 MiB
     grid = m.Racks(4, 2, 10e9, 20e9)
-    expected = 2 * m.ring_reduce_scatter(2, S, intra) + m.rack_allreduce(
-        grid, S, 5e-6, pieces=8)
-    assert m.rack_allreduce(grid, S, 5e-6, pieces=8) == m.rack_allreduce(grid, S, 5e-6,
-                                                                          piece=S / 8)
+    chunk = m.rack_allreduce(grid, 4 * 2**20, 5e-6, pieces=8)
+    expected = 2 * m.ring_reduce_scatter(2, S, intra) + 4 * chunk
     assert m.three_level(16, 2, S, intra, inter, uplink, 2) == pytest.approx(expected, rel=1e-12)
     assert m.allreduce_time("racks", 16, 2, S, intra, inter, uplink=uplink,
                             nodes_per_rack=2) == pytest.approx(expected, rel=1e-12)
+    # a call of 5 MiB: a full chunk and one of 1 MiB (slices of 512 KiB, 8 pieces)
+    assert m.three_level(16, 2, 5 * 2**20, intra, inter, uplink, 2) == pytest.approx(
+        2 * m.ring_reduce_scatter(2, 5 * 2**20, intra) + chunk
+        + m.rack_allreduce(grid, 2**20, 5e-6, pieces=8), rel=1e-12)
     with pytest.raises(ValueError, match="do not fill racks"):
         m.three_level(16, 2, S, intra, inter, uplink, 3)
 
 
-def test_rack_pieces_are_an_eighth_of_the_call_within_1_to_8_mib():
-    # RackPieceBytes in custom_ops/algorithms/rack_allreduce.h (main, 6b9f4ab)
+def test_rack_pieces_are_a_32nd_of_the_call_within_1_to_2_mib():
+    # RackPieceBytes in custom_ops/algorithms/rack_allreduce.h (main, 0446f4a)
     # and its checks in tests/core/rack_allreduce_check.cc, as piece counts
     MiB = 1 << 20
     assert m.rack_pieces(0) == 1 and m.rack_pieces(1) == 1
     assert m.rack_pieces(4 * MiB) == 4            # the 1 MiB floor
     assert m.rack_pieces(1.5 * MiB) == 2
-    assert m.rack_pieces(8 * MiB) == 8
-    assert m.rack_pieces(8 * MiB + 1) == 8        # an eighth: no ninth piece from rounding
-    assert m.rack_pieces(16 * MiB) == 8           # pieces of 2 MiB
-    assert m.rack_pieces(64 * MiB) == 8           # pieces of 8 MiB
-    assert m.rack_pieces(64 * MiB + 1) == 9       # the 8 MiB cap
-    assert m.rack_pieces(1 << 30) == 128
-    # the rack allreduce takes the rule unless told a piece size or count
+    assert m.rack_pieces(32 * MiB) == 32
+    assert m.rack_pieces(32 * MiB + 1) == 32      # a 32nd: no 33rd piece from rounding
+    assert m.rack_pieces(48 * MiB) == 32          # pieces of 1.5 MiB
+    assert m.rack_pieces(64 * MiB) == 32          # pieces of 2 MiB
+    assert m.rack_pieces(64 * MiB + 1) == 33      # the 2 MiB cap
+    assert m.rack_pieces(1 << 30) == 512
+    # the lockstep schedule's rule (6b9f4ab..0446f4a): an eighth within 1-8 MiB
+    assert m.lockstep_pieces(4 * MiB) == 4 and m.lockstep_pieces(64 * MiB) == 8
+    assert m.lockstep_pieces(64 * MiB + 1) == 9 and m.lockstep_pieces(1 << 30) == 128
+    # the rack allreduce takes its schedule's rule unless told a piece size or count
     grid = m.Racks(2, 4, 1e9, 0.25e9)
     for S in (3 * MiB, 40 * MiB, 100 * MiB):
         assert m.rack_allreduce(grid, S, 1e-5) == m.rack_allreduce(grid, S, 1e-5,
                                                                    pieces=m.rack_pieces(S))
+        assert m.rack_allreduce(grid, S, 1e-5, schedule="lockstep") == m.rack_allreduce(
+            grid, S, 1e-5, pieces=m.lockstep_pieces(S), schedule="lockstep")
     assert m.rack_allreduce(grid, 40 * MiB, 1e-5, piece=MiB) == m.rack_allreduce(
         grid, 40 * MiB, 1e-5, pieces=40)
+
+
+def test_slice_pieces_are_an_eighth_of_the_slice_within_64_kib_to_2_mib():
+    # NodeAllreduce::CrossNode (custom_ops/algorithms/node_allreduce.cc): a
+    # local rank's slice of a shared-memory chunk
+    KiB, MiB = 1 << 10, 1 << 20
+    assert m.slice_pieces(0) == 1 and m.slice_pieces(64 * KiB) == 1
+    assert m.slice_pieces(256 * KiB) == 4         # the 64 KiB floor
+    assert m.slice_pieces(512 * KiB) == 8         # a 4 MiB chunk over 8 GPUs
+    assert m.slice_pieces(16 * MiB) == 8          # pieces of 2 MiB
+    assert m.slice_pieces(16 * MiB + 1) == 9      # the 2 MiB cap (was 8 MiB)
+    assert m.RACK_CHUNK_BYTES == 4 * MiB
 
 
 def test_three_level_cuts_each_slice_by_the_rule():
@@ -401,12 +453,21 @@ def test_three_level_cuts_each_slice_by_the_rule():
     uplink = m.Link(alpha=5e-6, bandwidth=20e9)
     S = 128 * 2**20
     grid = m.Racks(4, 2, 10e9, 20e9)
+    # one GPU per node: the call in the rule's 64 pieces of 2 MiB, or 1 MiB pieces (128)
+    assert m.three_level(8, 1, S, intra, inter, uplink, 2) == pytest.approx(
+        m.rack_allreduce(grid, S, 5e-6, pieces=64), rel=1e-12)
+    assert m.three_level(8, 1, S, intra, inter, uplink, 2, piece=2**20) == pytest.approx(
+        m.rack_allreduce(grid, S, 5e-6, pieces=128), rel=1e-12)
+    assert m.three_level(8, 1, S, intra, inter, uplink, 2, schedule="lockstep") == (
+        pytest.approx(m.rack_allreduce(grid, S, 5e-6, pieces=16, schedule="lockstep"),
+                      rel=1e-12))
+    # 2 GPUs per node: 32 chunks of 4 MiB, 2 MiB slices in 8 pieces each;
+    # 1 MiB pieces: 2 per slice
     in_node = 2 * m.ring_reduce_scatter(2, S, intra)
-    # 2 GPUs per node: 64 MiB slices, 8 pieces of 8 MiB (1 MiB pieces: 64)
     assert m.three_level(16, 2, S, intra, inter, uplink, 2) == pytest.approx(
-        in_node + m.rack_allreduce(grid, S, 5e-6, pieces=8), rel=1e-12)
+        in_node + 32 * m.rack_allreduce(grid, 4 * 2**20, 5e-6, pieces=8), rel=1e-12)
     assert m.three_level(16, 2, S, intra, inter, uplink, 2, piece=2**20) == pytest.approx(
-        in_node + m.rack_allreduce(grid, S, 5e-6, pieces=64), rel=1e-12)
+        in_node + 32 * m.rack_allreduce(grid, 4 * 2**20, 5e-6, pieces=2), rel=1e-12)
 
 
 def test_observations_measured_with_fixed_pieces_keep_them():
@@ -422,6 +483,41 @@ def test_observations_measured_with_fixed_pieces_keep_them():
         transcribed = json.load(f)["observations"]
     racks_rows = [o for o in transcribed if o["path"] == "racks"]
     assert racks_rows and all(o.get("piece") == 1 << 20 for o in racks_rows)
+    # ... and the lockstep schedule of their time, which their bound takes
+    assert all(o.get("schedule") == "lockstep" for o in racks_rows)
+    assert m.observation_bound(racks_rows[0]) == m.three_level(
+        8, 1, 64 << 20, node, node, up, 4, piece=1 << 20, schedule="lockstep")
+    assert m.observation_bound(racks_rows[0]) != m.observation_bound(
+        dict(racks_rows[0], schedule="stages"))
+
+
+def test_results_files_measured_before_the_stages_schedule_are_refit_as_lockstep(tmp_path):
+    from keras_ddl_tools import results
+    launch = {"meta": {"date": "2026-12-05T00:00:00Z", "command": "c",
+                       "machine": {"cores": 2}},
+              "nodes": 8, "ranks_per_node": 1, "rate": "1gbit", "racks": 2,
+              "uplink": "250mbit", "burst_bytes": 262144,
+              "rows": [{"size": "64MB", "bound_us": 2.15e6, "auto_us": 2.5e6, "flat_us": 7e6,
+                        "mpi_us": 5e6}]}
+    old, new = "6b9f4ab6b6ac3cda6d0bc341f3ba0d74e2585162", "a" * 40
+    for name, commit in (("racks_old.json", old), ("racks_new.json", new)):
+        merged = results.merge([dict(launch, meta=dict(launch["meta"], commit=commit))],
+                               name[:-5], "c", "test")
+        assert merged["commits"] == [commit]
+        results.save(merged, str(tmp_path / name))
+    by_file = {o["source"].split(",")[0]: o for o in m.observations_from_results(str(tmp_path))}
+    lock, stages = by_file["docs/results/racks_old.json"], by_file["docs/results/racks_new.json"]
+    assert (lock["schedule"], stages["schedule"]) == ("lockstep", "stages")
+    # 64 MiB at 1 Gbit/s / 250 Mbit/s, in units of S/B: uplink_term 4, node_term 1.75.
+    # Lockstep, 8 pieces of 8 MiB (node round a = 1.75/16, uplink round u = 4/16):
+    # A | AB | ABC | 5 x ABCD | BCD | CD | D = 2a + 2u + 7 x 2u = 4.21875;
+    # stages, 32 pieces of 2 MiB: 4 + 1.75/32
+    bound = m.Racks(2, 4, 1e9 / 8, 250e6 / 8).bound(64 << 20)
+    assert bound / m.observation_bound(lock) == pytest.approx(4 / 4.21875, rel=1e-12)
+    assert bound / m.observation_bound(stages) == pytest.approx(4 / (4 + 1.75 / 32),
+                                                                 rel=1e-12)
+    assert m.rack_schedule([old, "30d6a2ec974097cbe19ad8e48bc15dbaa87c6b58"]) == "lockstep"
+    assert m.rack_schedule([old, new]) == "stages" and m.rack_schedule(None) == "stages"
 
 
 def test_pairwise_cross_step_by_hand():

@@ -59,16 +59,17 @@ from .cli import (  # noqa: F401
 from .cluster_overlap import (  # noqa: F401
     half_precision_wire, overlap_from_fit, test_cluster_system)
 from .cluster_refit import (  # noqa: F401
-    OBSERVATIONS, REFIT_MIN_BYTES, REFIT_PATTERNS, REFIT_SMALL_BYTES, RESULTS_DIR, Refit,
-    _fit_bound, _parse_shape, _refit_size, _size_bytes, load_observations, observation_bound,
-    observations_from_results, refit, refit_rows)
+    LOCKSTEP_COMMITS, OBSERVATIONS, REFIT_MIN_BYTES, REFIT_PATTERNS, REFIT_SMALL_BYTES,
+    RESULTS_DIR, Refit, _fit_bound, _parse_shape, _refit_size, _size_bytes, load_observations,
+    observation_bound, observations_from_results, rack_schedule, refit, refit_rows)
 from .links import FP32, GB, MS, US, Link, _check, _nodes, _rack_count  # noqa: F401
 from .plots import plot, seeds_plot  # noqa: F401
 from .published import (  # noqa: F401
     PUBLISHED, PublishedPoint, _closest_fraction, compare_published, overlap_needed)
 from .racks import (  # noqa: F401
-    RACK_MAX_PIECE, RACK_PIECE, RACK_PIECES_PER_CALL, Racks, rack_allreduce, rack_pieces,
-    three_level)
+    LOCKSTEP_MAX_PIECE, LOCKSTEP_PIECES_PER_CALL, RACK_CHUNK_BYTES, RACK_MAX_PIECE, RACK_PIECE,
+    RACK_PIECES_PER_CALL, SCHEDULES, SLICE_MIN_PIECE, SLICE_PIECES, Racks, lockstep_pieces,
+    rack_allreduce, rack_pieces, slice_pieces, three_level)
 from .seeds import (  # noqa: F401
     SEED_ALGORITHMS, SEED_MODELS, SEED_SYSTEMS, SEEDS_BLOCK, SeedSetup, _gbit,
     _systems_algorithms, render_seeds_blocks, seed_efficiency, seed_system, seeds_markdown,

@@ -42,6 +42,24 @@ REFIT_MIN_BYTES = 1 << 20
 REFIT_SMALL_MAX_RANKS = 4
 
 
+# The commits the results files were measured at before main's 0446f4a:
+# their rack allreduce ran the lockstep schedule in an eighth of the call
+# within 1-8 MiB (racks.rack_allreduce, schedule="lockstep"). A file
+# measured at any other commit (the files re-measured under the same names
+# from 0446f4a on) is taken to run the stages schedule of its time.
+LOCKSTEP_COMMITS = frozenset({
+    "6b9f4ab6b6ac3cda6d0bc341f3ba0d74e2585162",   # racks_2x4x1_4to1
+    "30d6a2ec974097cbe19ad8e48bc15dbaa87c6b58",   # racks_2x4x1_1to1 (code of 6b9f4ab)
+    "9235bbfb8c9ce8164c665499b9ea117fa857d25c",   # racks_2x8x1
+})
+
+
+def rack_schedule(commits):
+    """'lockstep' when every commit a results file was measured at is one
+    of LOCKSTEP_COMMITS, else 'stages'."""
+    return "lockstep" if commits and set(commits) <= LOCKSTEP_COMMITS else "stages"
+
+
 def _refit_size(nbytes):
     return nbytes <= REFIT_SMALL_BYTES or nbytes >= REFIT_MIN_BYTES
 
@@ -64,15 +82,16 @@ def observation_bound(obs):
     """The model's time for one observation's call with the links at their
     full rate and no latency or overhead: the algorithm's bytes over the
     links, fill and drain of the rack pipeline included; the rack
-    allreduce in pieces of the observation's ``piece`` bytes if it records
-    one (runs before the piece rule), else by today's rule."""
+    allreduce in the observation's ``schedule`` (default: today's,
+    "stages"), in pieces of its ``piece`` bytes if it records one (runs
+    before the piece rule), else by that schedule's rule."""
     nodes, per_node, racks = _parse_shape(obs["shape"])
     node = Link(0.0, parse_rate(obs["rate"]) / 8)
     uplink = Link(0.0, parse_rate(obs["uplink"]) / 8) if obs.get("uplink") else None
     npr = nodes // racks if racks > 1 else 0
     if obs["path"] == "racks":
         return three_level(nodes, 1, obs["size"], node, node, uplink, npr,
-                           piece=obs.get("piece"))
+                           piece=obs.get("piece"), schedule=obs.get("schedule", "stages"))
     if obs["path"] == "two_level":
         return pairwise_ring_cross(nodes, obs["size"], node, uplink, npr)
     raise ValueError(f"unknown path {obs['path']!r} (two_level or racks)")
@@ -93,7 +112,8 @@ def observations_from_results(directory, files=None):
     only 0.43-0.49 of its bound (measured, 2026-12-05), a loss of that
     path's many flows per uplink which the model does not describe, and
     one link efficiency for both would fit neither (all rows: residuals
-    up to +72%)."""
+    up to +72%). The rack rows carry the schedule their commit ran
+    (rack_schedule)."""
     import glob
     out = []
     paths = list(files) if files is not None else [
@@ -109,6 +129,7 @@ def observations_from_results(directory, files=None):
                  else f"{nodes}x{per_node}")
         if per_node != 1:
             continue   # the fit models one rank per node (no shared-memory stage)
+        schedule = rack_schedule(data.get("commits"))
         for row in data["tables"]["rows"]:
             size = _size_bytes(row["key"])
             if not _refit_size(size) or (size <= REFIT_SMALL_BYTES
@@ -117,13 +138,15 @@ def observations_from_results(directory, files=None):
             for column, path_name in [("auto_us", "racks" if racks > 1 else "two_level")]:
                 if column not in row:
                     continue
-                out.append({"shape": shape, "rate": launch["rate"],
-                            "uplink": launch.get("uplink") if racks > 1 else None,
-                            "path": path_name, "size": size,
-                            "time_s": row[column]["median"] / 1e6,
-                            "launches": len(data["launches"]),
-                            "source": f"docs/results/{os.path.basename(path)}, "
-                                      f"{column[:-3]}"})
+                o = {"shape": shape, "rate": launch["rate"],
+                     "uplink": launch.get("uplink") if racks > 1 else None,
+                     "path": path_name, "size": size,
+                     "time_s": row[column]["median"] / 1e6,
+                     "launches": len(data["launches"]),
+                     "source": f"docs/results/{os.path.basename(path)}, {column[:-3]}"}
+                if path_name == "racks":
+                    o["schedule"] = schedule
+                out.append(o)
     return out
 
 

@@ -52,49 +52,118 @@ class Racks:
 
 
 # The pieces of algorithms/rack_allreduce.cc (RackPieceBytes in
-# rack_allreduce.h): an eighth of the call, at least RACK_PIECE and at most
-# RACK_MAX_PIECE bytes (before main's 6b9f4ab: always RACK_PIECE).
+# rack_allreduce.h, since main's 0446f4a): a 32nd of the call, at least
+# RACK_PIECE and at most RACK_MAX_PIECE bytes. Small pieces are cheap now
+# that each stage moves a piece on by itself: they only shorten the fill
+# and drain, and keep the landing areas (a piece per slot) small.
 RACK_PIECE = 1 << 20
-RACK_MAX_PIECE = 8 << 20
-RACK_PIECES_PER_CALL = 8
+RACK_MAX_PIECE = 2 << 20
+RACK_PIECES_PER_CALL = 32
+# The rule of the lockstep schedule (6b9f4ab until 0446f4a; 1 MiB always
+# before 6b9f4ab): an eighth of the call within 1-8 MiB. The results files
+# measured then ran with it (cluster_refit.LOCKSTEP_COMMITS).
+LOCKSTEP_MAX_PIECE = 8 << 20
+LOCKSTEP_PIECES_PER_CALL = 8
+# With several ranks per node, NodeAllreduce (node_allreduce.cc) hands the
+# rack allreduce one shared-memory chunk at a time: chunks of
+# RACK_CHUNK_BYTES of the call (kRackChunkBytes, engine/context.cc), each
+# local rank's slice of a chunk cut into an eighth within 64 KiB-2 MiB
+# (the cap is kRackMaxPieceBytes).
+RACK_CHUNK_BYTES = 4 << 20
+SLICE_MIN_PIECE = 64 << 10
+SLICE_PIECES = 8
+
+SCHEDULES = ("stages", "lockstep")
 
 
-def rack_pieces(call_bytes):
-    """How many pieces the rack allreduce cuts a call of ``call_bytes`` into:
-    ceil(call_bytes / piece) with piece = clamp(call_bytes / 8, 1 MiB,
-    8 MiB), i.e. pieces of 1 MiB up to 8 MiB (1 to 8 of them), 8 pieces up
-    to 64 MiB, pieces of 8 MiB beyond. Counted without a piece size in
-    between, so float rounding cannot add a piece. (The C++ rounds the piece
-    down to whole elements, which can leave a ninth piece of a few elements
-    between 8 and 64 MiB; the model leaves that out.)"""
+def rack_pieces(call_bytes, per_call=RACK_PIECES_PER_CALL, floor=RACK_PIECE,
+                cap=RACK_MAX_PIECE):
+    """How many pieces the rack allreduce cuts ``call_bytes`` into:
+    ceil(call_bytes / piece) with piece = clamp(call_bytes / per_call,
+    floor, cap); by default RackPieceBytes, clamp(call / 32, 1 MiB, 2 MiB):
+    pieces of 1 MiB up to 32 MiB (1 to 32 of them), 32 pieces up to 64 MiB,
+    pieces of 2 MiB beyond. Counted as max(min(ceil(call / floor),
+    per_call), ceil(call / cap)), without a piece size in between, so float
+    rounding cannot add a piece. (The C++ rounds the piece down to whole
+    bytes and elements, which can leave one more piece of a few elements
+    between 32 and 64 MiB; the model leaves that out.)"""
     if call_bytes <= 0:
         return 1
-    return max(min(math.ceil(call_bytes / RACK_PIECE), RACK_PIECES_PER_CALL),
-               math.ceil(call_bytes / RACK_MAX_PIECE))
+    return max(min(math.ceil(call_bytes / floor), per_call), math.ceil(call_bytes / cap))
 
 
-def rack_allreduce(racks, nbytes, alpha=0.0, piece=None, pieces=None):
+def lockstep_pieces(call_bytes):
+    """The lockstep schedule's rule: clamp(call / 8, 1 MiB, 8 MiB)."""
+    return rack_pieces(call_bytes, LOCKSTEP_PIECES_PER_CALL, RACK_PIECE, LOCKSTEP_MAX_PIECE)
+
+
+def slice_pieces(slice_bytes):
+    """The pieces of one local rank's slice of a shared-memory chunk
+    (NodeAllreduce::CrossNode): clamp(slice / 8, 64 KiB, 2 MiB). A chunk
+    of 4 MiB gives slices of 4 MiB / L, so 8 pieces for L up to 8."""
+    return rack_pieces(slice_bytes, SLICE_PIECES, SLICE_MIN_PIECE, RACK_MAX_PIECE)
+
+
+def _pieces(nbytes, piece, pieces, schedule):
+    if pieces:
+        return pieces
+    if piece:
+        return max(1, math.ceil(nbytes / piece))
+    return lockstep_pieces(nbytes) if schedule == "lockstep" else rack_pieces(nbytes)
+
+
+def rack_allreduce(racks, nbytes, alpha=0.0, piece=None, pieces=None, schedule="stages"):
     """The three-level (rack) allreduce's cross-node part on one grid of
-    ``racks``: P pieces enter the pipeline one step apart and each goes
-    through ``racks.stage_links()`` one round per step; P is ``pieces``,
-    else ceil(nbytes / piece), else rack_pieces(nbytes) (the C++ rule).
-    A step lasts one message latency ``alpha`` plus its most loaded link's
-    time: each round of a node-link stage moves node_term / (2P) over the
-    node links, each uplink stage uplink_term / (2P) over the uplinks, and
-    the rounds active in the same step share their link. In the steady
-    state (both node stages and both uplink stages busy) a step lasts
-    bound / P, so a large call takes about the bound; the P + stages - 1
-    steps include the fill and drain."""
+    ``racks``, P pieces through ``racks.stage_links()``; P is ``pieces``,
+    else ceil(nbytes / piece), else the schedule's rule (rack_pieces, or
+    lockstep_pieces).
+
+    ``schedule="stages"`` (the C++ since 0446f4a): each stage moves a piece
+    on as soon as its own round is done, up to 8 pieces in flight per
+    stage, so the slower dimension's links stay busy from when the first
+    piece reaches them until the last one leaves them:
+
+        T = max(node_term, uplink_term) + min(node_term, uplink_term) / P
+            + len(stages) x alpha
+
+    The first term is the bound; the second the fill and drain, one
+    piece's rounds on the faster links (uplink-bound: the first piece's A
+    before the uplinks start, the last piece's D after they stop, each
+    node_term / (2P); node-bound: the last piece's B and C, each
+    uplink_term / (2P), charged whole although the node links may still
+    have earlier pieces' D rounds to run meanwhile, so there the model
+    errs long by up to that much); the third the latency of each round of
+    the first and last piece, the other pieces' latencies hidden behind the pieces
+    queued on the same link (8 in flight cover a latency many times at
+    these rates). One piece gives the sum of its four rounds; one rack
+    (no uplink stages) or one node per rack (B and C load the node link
+    and the uplink together, no round on faster links alone) the bound.
+    The window of 8 pieces and which link a round's messages share with
+    other rounds do not appear: the links are taken as sending queued
+    messages in order at their full rate.
+
+    ``schedule="lockstep"`` (from 6b9f4ab until 0446f4a, for the refit of
+    the results files measured then): the P pieces enter one step apart
+    and each goes through the stages one round per step. A step lasts
+    ``alpha`` plus its most loaded link's time: a round of a node-link
+    stage moves node_term / (2P) over the node links, of an uplink stage
+    uplink_term / (2P) over the uplinks, and rounds active in the same
+    step share their link; P + stages - 1 steps, the first and last
+    stages - 1 partly loaded."""
     if nbytes < 0:
         raise ValueError(f"message size must be >= 0 bytes, got {nbytes}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown rack schedule {schedule!r} ({' or '.join(SCHEDULES)})")
     if racks.nodes == 1 or nbytes == 0:
         return 0.0
-    if not pieces:
-        pieces = max(1, math.ceil(nbytes / piece)) if piece else rack_pieces(nbytes)
-    share = {"node": racks.node_term(nbytes) / (2 * pieces)}
-    if racks.racks > 1:
-        share["uplink"] = racks.uplink_term(nbytes) / (2 * pieces)
+    pieces = _pieces(nbytes, piece, pieces, schedule)
     stages = racks.stage_links()
+    node = racks.node_term(nbytes)
+    up = racks.uplink_term(nbytes) if racks.racks > 1 else 0.0
+    if schedule == "stages":
+        fill = min(node, up) / pieces if racks.nodes_per_rack > 1 else 0.0
+        return max(node, up) + fill + len(stages) * alpha
+    share = {"node": node / (2 * pieces), "uplink": up / (2 * pieces)}
     t = 0.0
     for step in range(pieces + len(stages) - 1):
         load = {"node": 0.0, "uplink": 0.0}
@@ -105,16 +174,23 @@ def rack_allreduce(racks, nbytes, alpha=0.0, piece=None, pieces=None):
     return t
 
 
-def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=None):
+def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=None,
+                schedule="stages"):
     """Shared memory (or NVLink) inside the node: reduce-scatter over the L
     local ranks; then each local rank's slice goes through the rack
     allreduce with the same local rank of the other nodes (L grids side by
     side, sharing each node's link and each rack's uplink, so the bound is
-    that of the node's whole nbytes); the node's all-gather. Inside-node and
+    that of the node's bytes); the node's all-gather. Inside-node and
     cross-node parts add up: a node's chunk is not overlapped with the next
-    chunk's rack step (docs/topology.md, "Not done yet"). The slice is cut
-    into rack_pieces(nbytes / L) pieces, or pieces of ``piece`` bytes (a
-    fixed size, e.g. the 1 MiB of runs before the rule)."""
+    chunk's rack step (docs/topology.md, "Not done yet").
+
+    One rank per node (L = 1): the whole call goes through the rack
+    allreduce, in the schedule's pieces (rack_pieces, lockstep_pieces) or
+    pieces of ``piece`` bytes (a fixed size, e.g. the 1 MiB of runs before
+    6b9f4ab). L > 1: as NodeAllreduce does, chunk after chunk of
+    RACK_CHUNK_BYTES, each a rack allreduce of its own (its own fill,
+    drain and latencies) with each slice (chunk / L) in slice_pieces, or
+    in pieces of ``piece``."""
     _check(n, nbytes)
     nodes, per_node = _nodes(n, local)
     if n == 1:
@@ -124,10 +200,19 @@ def three_level(n, local, nbytes, intra, inter, uplink, nodes_per_rack, piece=No
         r = _rack_count(nodes, nodes_per_rack) if uplink is not None else 1
         grid = Racks(r, nodes // r, inter.bandwidth,
                      uplink.bandwidth if uplink is not None else math.inf)
-        # one grid per local rank, each on its nbytes/L slice, in pieces;
-        # the L grids share the links, so each step moves L pieces
-        slice_bytes = nbytes / per_node
-        pieces = (max(1, math.ceil(slice_bytes / piece)) if piece
-                  else rack_pieces(slice_bytes))
-        t += rack_allreduce(grid, nbytes, inter.alpha, pieces=pieces)
+        if per_node == 1:
+            return t + rack_allreduce(grid, nbytes, inter.alpha, piece=piece,
+                                      schedule=schedule)
+
+        # the L grids share the links: each grid's pieces are cut from its
+        # slice, but the links carry the node's whole chunk
+        def chunk_time(chunk):
+            slice_bytes = chunk / per_node
+            pieces = (max(1, math.ceil(slice_bytes / piece)) if piece
+                      else slice_pieces(slice_bytes))
+            return rack_allreduce(grid, chunk, inter.alpha, pieces=pieces, schedule=schedule)
+
+        full = int(nbytes // RACK_CHUNK_BYTES)
+        rest = nbytes - full * RACK_CHUNK_BYTES
+        t += full * chunk_time(RACK_CHUNK_BYTES) + (chunk_time(rest) if rest > 0 else 0.0)
     return t
