@@ -317,7 +317,7 @@ const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count,
   // fp16 on the uplinks: the grid's setting (DDL_UPLINK_COMPRESSION=fp16)
   // or the autotuner's candidate; float32 buffers only.
   const bool half = (grid.half_uplinks || choice == NetworkChoice::kRackPipelineSizedFp16Up) &&
-                    dtype == DataType::kFloat32;
+                    dtype == DataType::kFloat32 && grid.across->size() > 1;
   auto named = [half](const char* plain, const char* fp16) { return half ? fp16 : plain; };
   switch (choice) {
     case NetworkChoice::kRackPipeline256K:
