@@ -6,7 +6,8 @@
 // the promised order computed here from the inputs (each rack's nodes in
 // node order, then the racks in rack order; one division for Average):
 // bitwise on every rank, so also identical across ranks and independent
-// of the piece size. Also checks the choice rule. Prints
+// of the piece size. The same with fp16 on the uplinks (half_uplinks),
+// against the promised float16 rounding. Also checks the choice rule. Prints
 // "<N> checks, <F> failures".
 #include <cmath>
 #include <cstdio>
