@@ -71,8 +71,9 @@ def table(proc):
 @pytest.mark.parametrize("ranks, mode, step, candidates", [
     # 2 ranks measure and save in test_another_shape_is_refused_and_measured_again
     (3, "world", "world", ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]),
+    # DDL_UPLINK_COMPRESSION=auto (set by the job): the fp16-uplink candidate
     (4, "racks", "racks", ["RACK_ORDERED_EXCHANGE", "RACK_ALLREDUCE_256K", "RACK_ALLREDUCE_1M",
-                          "RACK_ALLREDUCE_SIZED"]),
+                          "RACK_ALLREDUCE_SIZED", "RACK_ALLREDUCE_SIZED_FP16UP"]),
 ])
 def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, candidates):
     table_file = tmp_path / "autotune.txt"

@@ -8,7 +8,7 @@ import pytest
     "DDL_CYCLE_TIME_MS=1ms", "DDL_ALLREDUCE=ring", "DDL_LOCAL_SIZE=2", "DDL_LOCAL_SIZE=1.5",
     "DDL_STALL_WARNING_S=nan", "DDL_STALL_TIMEOUT_S=-5", "DDL_CACHE_CAPACITY=many",
     "DDL_PEER_TIMEOUT_S=soon", "DDL_SPIN_POLLS=2.5", "DDL_TIMELINE=/nonexistent/dir/trace.json",
-    "DDL_ENGINE_PRIORITY=max", "valid_after_fix", "engine_thread_priority"])
+    "DDL_ENGINE_PRIORITY=max", "DDL_UPLINK_COMPRESSION=gzip", "valid_after_fix", "engine_thread_priority"])
 def test_bad_value_fails_on_every_rank(launcher, name):
     launcher.cases(3, "bad_config.py").check(name)
 
@@ -16,6 +16,7 @@ def test_bad_value_fails_on_every_rank(launcher, name):
 DIFFERING = ["differs:DDL_FUSION_THRESHOLD_MB", "differs:DDL_CACHE_CAPACITY",
              "differs:DDL_ALLREDUCE", "differs:DDL_LOCAL_SIZE", "differs:DDL_SHM_POOL_MB",
              "differs:DDL_AUTOTUNE", "differs:DDL_AUTOTUNE_STEPS", "differs:DDL_AUTOTUNE_CYCLES",
+             "differs:DDL_UPLINK_COMPRESSION",
              "per_rank_settings_may_differ"]
 
 

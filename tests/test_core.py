@@ -92,7 +92,9 @@ def test_node_shared_memory_allreduce_on_threads_as_ranks(tmp_path):
 def test_rack_allreduce_on_threads_as_ranks(tmp_path):
     """1-3 racks x 1-3 nodes, odd lengths, pieces and messages of a few
     bytes up (a pipeline of many steps) to one piece: every rank's bits
-    are each rack's nodes in node order, then the racks in rack order."""
+    are each rack's nodes in node order, then the racks in rack order;
+    with fp16 on the uplinks, that order with each rack partial and the
+    result rounded to float16, half the bytes across racks."""
     proc = build_and_run("rack_allreduce_check.cc",
                          ["algorithms/rack_allreduce.cc", *ALGORITHMS], tmp_path)
     assert_no_failures(proc)

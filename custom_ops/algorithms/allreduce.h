@@ -31,7 +31,7 @@ const std::vector<TransportAllreduce>& AllreduceAlgorithms();
 // Which algorithm a job's network step runs, when someone (the autotuner,
 // engine/autotune.h) has chosen for it instead of the size rule. The flat
 // world and the cross-node step take the first two; the rack grid
-// (rack_allreduce.h) the last four. A choice that does not belong to the
+// (rack_allreduce.h) the last five. A choice that does not belong to the
 // step being run means kAuto there. Every rank of a call must pass the
 // same choice: the algorithms send different messages.
 enum class NetworkChoice : uint8_t {
@@ -42,6 +42,7 @@ enum class NetworkChoice : uint8_t {
   kRackPipeline256K, // RackAllreduce in pieces of 256 KiB
   kRackPipeline1M,   // RackAllreduce in pieces of 1 MiB
   kRackPipelineSized,  // RackAllreduce in the size rule's pieces (rack_allreduce.h)
+  kRackPipelineSizedFp16Up,  // the same with fp16 on the uplinks (float32 buffers)
 };
 
 // The first algorithm of the list that suits the call; with a choice of

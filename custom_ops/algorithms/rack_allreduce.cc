@@ -26,6 +26,13 @@ std::vector<int64_t> PartStarts(int64_t first, int64_t count, int n) {
   return at;
 }
 
+// Rounds float32 values to float16 and back, in place (`scratch`: room
+// for `count` float16 values).
+void RoundThroughHalf(float* values, int64_t count, char* scratch) {
+  Convert(scratch, DataType::kFloat16, values, DataType::kFloat32, count);
+  Convert(values, DataType::kFloat32, scratch, DataType::kFloat16, count);
+}
+
 // Tests the messages still in `handles` and forgets those that completed
 // (a completed handle is released by Test); true when none is left.
 bool TestAll(Transport& t, std::vector<Transport::Handle>* handles) {
@@ -83,19 +90,28 @@ class WaitBackoff {
 // the caller starts other rounds.
 class ScatterRound {
  public:
-  ScatterRound(Transport& t, int tag, size_t elem, int64_t max_part)
-      : t_(t), tag_(tag), elem_(elem),
-        landing_(static_cast<size_t>(std::max(t.size(), 1)) * max_part * elem) {}
+  // `half`: a float32 buffer whose parts travel as float16 (stage B with
+  // fp16 uplinks; see FinishHalf).
+  ScatterRound(Transport& t, int tag, size_t elem, int64_t max_part, bool half = false)
+      : t_(t), tag_(tag), elem_(elem), wire_(half ? 2 : elem), half_(half),
+        landing_(static_cast<size_t>(std::max(t.size(), 1)) * max_part * wire_),
+        staging_(half ? landing_.size() : 0) {}
 
   void Start(char* base, std::vector<int64_t> at) {
     at_ = std::move(at);
     const int me = t_.rank();
     const size_t mine = Bytes(me);
+    // In half mode the whole range (this rank's own part too) is rounded
+    // to float16 once, and the parts are sent from that copy.
+    if (half_) {
+      Convert(staging_.data(), DataType::kFloat16, base + at_.front() * elem_,
+              DataType::kFloat32, at_.back() - at_.front());
+    }
     handles_.clear();
     for (int p = 0; p < t_.size(); ++p) {
       if (p == me) continue;
       if (mine > 0) handles_.push_back(t_.Irecv(Landing(p), mine, p, tag_));
-      if (Bytes(p) > 0) handles_.push_back(t_.Isend(base + at_[p] * elem_, Bytes(p), p, tag_));
+      if (Bytes(p) > 0) handles_.push_back(t_.Isend(Outgoing(base, p), Bytes(p), p, tag_));
     }
     base_ = base;
   }
@@ -110,6 +126,7 @@ class ScatterRound {
   void Finish(DataType dtype, ReduceOp op, int divisor) {
     for (Transport::Handle h : handles_) t_.Wait(h);
     handles_.clear();
+    if (half_) return FinishHalf(op, divisor);
     const int n = t_.size();
     const int me = t_.rank();
     const int64_t count = at_[me + 1] - at_[me];
@@ -132,7 +149,34 @@ class ScatterRound {
   const std::vector<int64_t>& at() const { return at_; }
 
  private:
-  size_t Bytes(int p) const { return static_cast<size_t>(at_[p + 1] - at_[p]) * elem_; }
+  // Every rank's float16 copy of this rank's part (its own rounded in
+  // Start) widened back to float32 and combined in rank order in float32,
+  // divided once, then rounded to float16 again: the part holds float32
+  // values that float16 represents exactly, the same bits on the owner as
+  // on the ranks that receive them in float16 (stage C).
+  void FinishHalf(ReduceOp op, int divisor) {
+    const int n = t_.size();
+    const int me = t_.rank();
+    const int64_t count = at_[me + 1] - at_[me];
+    if (count == 0) return;
+    float* dst = reinterpret_cast<float*>(base_ + at_[me] * elem_);
+    auto value = [&](int r) -> const char* {
+      return r == me ? staging_.data() + (at_[me] - at_.front()) * wire_ : Landing(r);
+    };
+    Convert(dst, DataType::kFloat32, value(0), DataType::kFloat16, count);
+    if (widened_.size() < static_cast<size_t>(count)) widened_.resize(count);
+    for (int r = 1; r < n; ++r) {
+      Convert(widened_.data(), DataType::kFloat32, value(r), DataType::kFloat16, count);
+      ReduceInto(dst, widened_.data(), count, DataType::kFloat32, op);
+    }
+    if (divisor > 0) DivideBy(dst, count, DataType::kFloat32, divisor);
+    RoundThroughHalf(dst, count, staging_.data() + (at_[me] - at_.front()) * wire_);
+  }
+
+  size_t Bytes(int p) const { return static_cast<size_t>(at_[p + 1] - at_[p]) * wire_; }
+  const char* Outgoing(const char* base, int p) const {
+    return half_ ? staging_.data() + (at_[p] - at_.front()) * wire_ : base + at_[p] * elem_;
+  }
   // Peer p's copy of this rank's part; index me (unused by any peer) holds
   // this rank's own copy when it needs one.
   char* Landing(int p) {
@@ -142,7 +186,11 @@ class ScatterRound {
   Transport& t_;
   int tag_;
   size_t elem_;
+  size_t wire_;  // bytes per element on the wire: elem_, or 2 in half mode
+  bool half_;
   std::vector<char> landing_;
+  std::vector<char> staging_;   // half mode: the range in float16, sent from here
+  std::vector<float> widened_;  // half mode: one rank's copy back in float32
   std::vector<int64_t> at_;
   char* base_ = nullptr;
   std::vector<Transport::Handle> handles_;
@@ -152,16 +200,30 @@ class ScatterRound {
 // straight into its place in the buffer.
 class GatherRound {
  public:
-  GatherRound(Transport& t, int tag, size_t elem) : t_(t), tag_(tag), elem_(elem) {}
+  // `half`: a float32 buffer gathered as float16 (stage C with fp16
+  // uplinks) through a slot of `max_range` elements; each part must hold
+  // values float16 represents exactly (FinishHalf of stage B).
+  GatherRound(Transport& t, int tag, size_t elem, bool half = false, int64_t max_range = 0)
+      : t_(t), tag_(tag), elem_(elem), wire_(half ? 2 : elem), half_(half),
+        staging_(half ? static_cast<size_t>(max_range) * wire_ : 0) {}
 
   void Start(char* base, const std::vector<int64_t>& at) {
     const int me = t_.rank();
-    auto bytes = [&](int p) { return static_cast<size_t>(at[p + 1] - at[p]) * elem_; };
+    at_ = at;
+    base_ = base;
+    auto bytes = [&](int p) { return static_cast<size_t>(at[p + 1] - at[p]) * wire_; };
+    auto place = [&](int p) {
+      return half_ ? staging_.data() + (at[p] - at.front()) * wire_ : base + at[p] * elem_;
+    };
+    if (half_) {  // exact: the part is float16 values already
+      Convert(place(me), DataType::kFloat16, base + at[me] * elem_, DataType::kFloat32,
+              at[me + 1] - at[me]);
+    }
     handles_.clear();
     for (int p = 0; p < t_.size(); ++p) {
       if (p == me) continue;
-      if (bytes(p) > 0) handles_.push_back(t_.Irecv(base + at[p] * elem_, bytes(p), p, tag_));
-      if (bytes(me) > 0) handles_.push_back(t_.Isend(base + at[me] * elem_, bytes(me), p, tag_));
+      if (bytes(p) > 0) handles_.push_back(t_.Irecv(place(p), bytes(p), p, tag_));
+      if (bytes(me) > 0) handles_.push_back(t_.Isend(place(me), bytes(me), p, tag_));
     }
   }
   bool Done() { return TestAll(t_, &handles_); }
@@ -169,19 +231,32 @@ class GatherRound {
   void Finish() {
     for (Transport::Handle h : handles_) t_.Wait(h);
     handles_.clear();
+    if (!half_) return;
+    // The other ranks' parts, widened into their places in the buffer.
+    for (int p = 0; p < t_.size(); ++p) {
+      if (p == t_.rank()) continue;
+      Convert(base_ + at_[p] * elem_, DataType::kFloat32,
+              staging_.data() + (at_[p] - at_.front()) * wire_, DataType::kFloat16,
+              at_[p + 1] - at_[p]);
+    }
   }
 
  private:
   Transport& t_;
   int tag_;
   size_t elem_;
+  size_t wire_;
+  bool half_;
+  std::vector<char> staging_;  // half mode: the range in float16
+  std::vector<int64_t> at_;
+  char* base_ = nullptr;
   std::vector<Transport::Handle> handles_;
 };
 
 }  // namespace
 
 void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64_t count,
-                         DataType dtype, ReduceOp op) {
+                         DataType dtype, ReduceOp op, bool half_uplinks) {
   const int n = all.size();
   const int me = all.rank();
   if (n == 1 || count == 0) return;
@@ -213,14 +288,20 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
   // order, then folded into the total in rack order.
   char* partial = part(n);
   const int racks = n / nodes_per_rack;
+  // The rounding of fp16 uplinks (RackAllreduce), though this path sends
+  // float32: a tensor gets the same bits whichever path its call took.
+  const bool half = half_uplinks && dtype == DataType::kFloat32 && racks > 1;
+  std::vector<char> scratch(half ? count * 2 : 0);
   for (int r = 0; r < racks; ++r) {
     char* into = r == 0 ? static_cast<char*>(buffer) : partial;
     const int first = r * nodes_per_rack;
     std::memcpy(into, part(first), bytes);
     for (int k = 1; k < nodes_per_rack; ++k) ReduceInto(into, part(first + k), count, dtype, sum_op);
+    if (half) RoundThroughHalf(reinterpret_cast<float*>(into), count, scratch.data());
     if (r > 0) ReduceInto(buffer, partial, count, dtype, sum_op);
   }
   if (op == ReduceOp::kAverage) DivideBy(buffer, count, dtype, n);
+  if (half) RoundThroughHalf(static_cast<float*>(buffer), count, scratch.data());
 }
 
 size_t RackPieceBytes(size_t call_bytes) {
@@ -233,34 +314,42 @@ const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count,
   // The size rule's pieces: the caller's (a node's chunk cuts its slice
   // itself), else RackPieceBytes of the call.
   const size_t rule_piece = piece_bytes > 0 ? piece_bytes : RackPieceBytes(bytes);
+  // fp16 on the uplinks: the grid's setting (DDL_UPLINK_COMPRESSION=fp16)
+  // or the autotuner's candidate; float32 buffers only.
+  const bool half = (grid.half_uplinks || choice == NetworkChoice::kRackPipelineSizedFp16Up) &&
+                    dtype == DataType::kFloat32 && grid.across->size() > 1;
+  auto named = [half](const char* plain, const char* fp16) { return half ? fp16 : plain; };
   switch (choice) {
     case NetworkChoice::kRackPipeline256K:
-      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 256 << 10);
-      return "RACK_ALLREDUCE_256K";
+      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 256 << 10, half);
+      return named("RACK_ALLREDUCE_256K", "RACK_ALLREDUCE_256K_FP16UP");
     case NetworkChoice::kRackPipeline1M:
-      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 1 << 20);
-      return "RACK_ALLREDUCE_1M";
+      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, 1 << 20, half);
+      return named("RACK_ALLREDUCE_1M", "RACK_ALLREDUCE_1M_FP16UP");
     case NetworkChoice::kRackPipelineSized:
-      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, rule_piece);
-      return "RACK_ALLREDUCE_SIZED";
+    case NetworkChoice::kRackPipelineSizedFp16Up:
+      RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, rule_piece, half);
+      return named("RACK_ALLREDUCE_SIZED", "RACK_ALLREDUCE_SIZED_FP16UP");
     default:
       break;
   }
   const bool small = static_cast<size_t>(grid.all->size() - 1) * bytes <= kRackDirectExchangeBytes;
   // Any other choice (kAuto, or one for another step) is the size rule.
   if (choice == NetworkChoice::kRackExchange || small) {
-    RackOrderedExchange(*grid.all, grid.rack->size(), buffer, count, dtype, op);
-    return "RACK_ORDERED_EXCHANGE";
+    RackOrderedExchange(*grid.all, grid.rack->size(), buffer, count, dtype, op, half);
+    return named("RACK_ORDERED_EXCHANGE", "RACK_ORDERED_EXCHANGE_FP16UP");
   }
-  RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, rule_piece);
-  return "RACK_ALLREDUCE";
+  RackAllreduce(*grid.rack, *grid.across, buffer, count, dtype, op, rule_piece, half);
+  return named("RACK_ALLREDUCE", "RACK_ALLREDUCE_FP16UP");
 }
 
 void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t count,
-                   DataType dtype, ReduceOp op, size_t piece_bytes) {
+                   DataType dtype, ReduceOp op, size_t piece_bytes, bool half_uplinks) {
   const int nodes = rack.size();
   const int racks = across.size();
   if (count == 0 || nodes * racks == 1) return;
+  // With one rack nothing crosses an uplink: no rounding.
+  const bool half = half_uplinks && dtype == DataType::kFloat32 && racks > 1;
   const size_t elem = DataTypeSize(dtype);
   char* base = static_cast<char*>(buffer);
   // A piece's parts in the rack are its largest messages: at most
@@ -289,8 +378,8 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   std::vector<GatherRound> across_gather, rack_gather;        // C, D
   for (int i = 0; i < slots; ++i) {
     rack_scatter.emplace_back(rack, kTagRackScatter, elem, max_segment);
-    across_scatter.emplace_back(across, kTagAcrossScatter, elem, max_sub);
-    across_gather.emplace_back(across, kTagAcrossGather, elem);
+    across_scatter.emplace_back(across, kTagAcrossScatter, elem, max_sub, half);
+    across_gather.emplace_back(across, kTagAcrossGather, elem, half, max_segment);
     rack_gather.emplace_back(rack, kTagRackGather, elem);
   }
   // Piece p's segments in the rack and sub-segments across racks, from its

@@ -60,9 +60,23 @@ size_t RackPieceBytes(size_t call_bytes);
 
 // In-place allreduce of `count` elements over the N x R grid described by
 // `rack` (size N) and `across` (size R). Every rank of the grid calls it
-// with the same count, dtype, op and piece_bytes.
+// with the same count, dtype, op, piece_bytes and half_uplinks.
+//
+// `half_uplinks` (float32 buffers with R > 1; ignored otherwise): stages
+// B and C, the only ones on the uplinks, send float16, halving the bytes
+// there; A and D stay float32. Each rank rounds its rack's float32
+// partial to float16 once before B (the owner its own part too, so every
+// rack's value went through the same rounding); the owner widens the R
+// values back and combines them in rack order in float32, divides once
+// for Average, and rounds the result to float16; C gathers that, and
+// every rank (the owner too) holds it as float32. Per element:
+//   result = f16(((f16(r0) op f16(r1)) op f16(r2)) ... [/ (N x R)])
+// with r the rack partials above: still the same bits on every rank and
+// for every piece size, at the cost of two float16 roundings (a relative
+// error up to 2^-11 each; values beyond 65504 become inf).
 void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t count,
-                   DataType dtype, ReduceOp op, size_t piece_bytes = kRackPieceBytes);
+                   DataType dtype, ReduceOp op, size_t piece_bytes = kRackPieceBytes,
+                   bool half_uplinks = false);
 
 // The groups of one rank of the N x R grid: `all` holds every rank of the
 // grid in rack-major order (rank = rack x N + node), `rack` and `across`
@@ -71,6 +85,9 @@ struct RackGrid {
   Transport* all;
   Transport* rack;
   Transport* across;
+  // Every float32 call of this grid sends fp16 on the uplinks
+  // (DDL_UPLINK_COMPRESSION=fp16): RackAllreduce's half_uplinks.
+  bool half_uplinks = false;
 };
 
 // Up to this many bytes sent per rank (the buffer times the other ranks),
@@ -80,17 +97,22 @@ constexpr size_t kRackDirectExchangeBytes = 64 << 10;
 
 // Every rank sends its buffer to every other over `all` and combines them
 // in the same order as RackAllreduce, so a tensor gets the same bits
-// whichever of the two its fused call took.
+// whichever of the two its fused call took; with `half_uplinks` it sends
+// float32 but rounds as RackAllreduce's half_uplinks does, for the same
+// reason.
 void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64_t count,
-                         DataType dtype, ReduceOp op);
+                         DataType dtype, ReduceOp op, bool half_uplinks = false);
 
 // The allreduce of a job with racks: the one-round exchange for small
 // calls, the pipelined schedule above for the rest, in pieces of
 // `piece_bytes` (0: RackPieceBytes of the call). Returns the name of the
-// one it ran (the timeline's phase). A `choice` of kRackExchange,
-// kRackPipeline256K, kRackPipeline1M or kRackPipelineSized runs that one
-// whatever the size (the pipelines with their own piece size instead of
-// `piece_bytes`); any other choice is the size rule.
+// one it ran (the timeline's phase; "_FP16UP" appended with fp16 on the
+// uplinks). A `choice` of kRackExchange, kRackPipeline256K,
+// kRackPipeline1M or kRackPipelineSized runs that one whatever the size
+// (the pipelines with their own piece size instead of `piece_bytes`);
+// kRackPipelineSizedFp16Up the sized one with fp16 uplinks for a float32
+// buffer (plain for any other dtype); any other choice is the size rule.
+// `grid.half_uplinks` applies to every float32 call, whatever the choice.
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,
                               ReduceOp op, size_t piece_bytes = 0,
                               NetworkChoice choice = NetworkChoice::kAuto);

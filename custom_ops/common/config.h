@@ -16,6 +16,10 @@ enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical, kRacks };
 // How the engine thread claims its core (engine/thread_priority.h); kAuto
 // is kHigh when the job spans several nodes, kNormal on one.
 enum class EnginePriority { kNormal, kHigh, kAuto };
+// DDL_UPLINK_COMPRESSION: float16 on the rack grid's uplinks (stages B
+// and C of algorithms/rack_allreduce.h) for float32 allreduces. kFp16:
+// every such call; kAuto: a candidate of DDL_AUTOTUNE=1 (none without it).
+enum class UplinkCompression { kNone, kFp16, kAuto };
 
 struct Config {
   double fusion_threshold_mb = 128.0;  // DDL_FUSION_THRESHOLD_MB, 0 disables fusion
@@ -40,6 +44,7 @@ struct Config {
   // setting; DDL_AUTOTUNE_CYCLES cycles per window; DDL_AUTOTUNE_FILE:
   // where rank 0 saves the table and finds it again on the next run.
   int autotune = 0;
+  UplinkCompression uplink_compression = UplinkCompression::kNone;  // DDL_UPLINK_COMPRESSION
   int autotune_steps = 5;
   int autotune_cycles = 5;
   std::string autotune_file;

@@ -63,6 +63,12 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
                   {"RACK_ALLREDUCE_256K", NetworkChoice::kRackPipeline256K},
                   {"RACK_ALLREDUCE_1M", NetworkChoice::kRackPipeline1M},
                   {"RACK_ALLREDUCE_SIZED", NetworkChoice::kRackPipelineSized}};
+    // DDL_UPLINK_COMPRESSION=auto: the sized pipeline with fp16 uplinks
+    // too (float32 batches; others run it plain). With =fp16 every
+    // candidate already sends fp16 there.
+    if (ctx.config.uplink_compression == UplinkCompression::kAuto) {
+      candidates.push_back({"RACK_ALLREDUCE_SIZED_FP16UP", NetworkChoice::kRackPipelineSizedFp16Up});
+    }
   } else if (ctx.node_memory ? ctx.hierarchical : ctx.size > 1) {
     step = ctx.node_memory ? "cross-node" : "world";
     for (const TransportAllreduce& a : AllreduceAlgorithms()) {
@@ -80,7 +86,11 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
   const std::string shape =
       "ranks=" + std::to_string(ctx.size) + " local=" + std::to_string(ctx.local_size) +
       " nodes=" + std::to_string(ctx.cross_size) +
-      " racks=" + std::to_string(ctx.racks ? ctx.topology.num_racks() : 1) + " step=" + step;
+      " racks=" + std::to_string(ctx.racks ? ctx.topology.num_racks() : 1) + " step=" + step +
+      // A table measured with fp16 uplinks on every call is not reused
+      // without them, nor the other way round.
+      (step == "racks" && ctx.config.uplink_compression == UplinkCompression::kFp16
+           ? " uplinks=fp16" : "");
   auto tuner = std::make_unique<Autotuner>(*ctx.world, std::move(candidates),
                                            ctx.config.autotune_steps, step, shape,
                                            ctx.config.autotune_file);
@@ -165,7 +175,8 @@ Executor::Executor(Context& ctx)
     node_allreduce_ = std::make_unique<NodeAllreduce>(
         *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size, traffic_);
     if (ctx_.racks) {
-      node_allreduce_->UseRacks({ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()});
+      node_allreduce_->UseRacks({ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get(),
+                                 UplinksInHalf()});
     }
   }
   if (node_allreduce_ && ctx_.output_pool) {
@@ -317,8 +328,8 @@ void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
   if (ctx_.racks) {
     // One rank per node: the grid is the world, racks-major.
     const char* name = RackGridAllreduce(
-        {ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get()}, buffer, count, wire,
-        op, 0, network_choice_);
+        {ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get(), UplinksInHalf()},
+        buffer, count, wire, op, 0, network_choice_);
     phases->emplace_back(name, seconds_since(t));
     traffic_.rack_bytes += count * wire_elem;
   } else {

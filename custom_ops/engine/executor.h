@@ -47,6 +47,12 @@ class Executor {
   Status Reducescatter(Work& work, int active);
   Status Alltoall(Work& work);
 
+  // DDL_UPLINK_COMPRESSION=fp16: every float32 call of the rack grid
+  // sends fp16 on the uplinks (=auto leaves it to the autotuner).
+  bool UplinksInHalf() const {
+    return ctx_.config.uplink_compression == UplinkCompression::kFp16;
+  }
+
   Context& ctx_;
   TrafficCounters traffic_;
   std::vector<char> fusion_buffer_;

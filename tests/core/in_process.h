@@ -203,6 +203,7 @@ class InProcessRank : public ddl::Group {
 
   Handle Isend(const void* data, size_t bytes, int peer, int tag) override {
     Check(peer, bytes);
+    sent_bytes_ += bytes;
     InProcessGroup::Stream s{rank_, peer, tag};
     group_.Deliver(s, group_.NextSend(s), data, bytes);
     return Start({nullptr, 0, s, -1});
@@ -302,6 +303,8 @@ class InProcessRank : public ddl::Group {
   // had started and not yet waited for at once, and its empty messages.
   int max_outstanding() const { return max_outstanding_; }
   int empty_messages() const { return empty_messages_; }
+  // Bytes of every send so far.
+  uint64_t sent_bytes() const { return sent_bytes_; }
 
   void AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool) override {
     const char* p = reinterpret_cast<const char*>(words.data());
@@ -365,6 +368,7 @@ class InProcessRank : public ddl::Group {
   int64_t splits_ = 0;  // splits of this group so far (the same on every rank)
   std::vector<Message> messages_;
   int outstanding_ = 0, max_outstanding_ = 0, empty_messages_ = 0;
+  uint64_t sent_bytes_ = 0;
 };
 
 }  // namespace ddl_test

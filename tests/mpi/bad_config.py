@@ -26,6 +26,7 @@ BAD_VALUES = [
     ("DDL_SPIN_POLLS", "2.5"),
     ("DDL_TIMELINE", "/nonexistent/dir/trace.json"),
     ("DDL_ENGINE_PRIORITY", "max"),
+    ("DDL_UPLINK_COMPRESSION", "gzip"),
 ]
 
 

@@ -22,6 +22,7 @@ SHARED = [
     ("DDL_AUTOTUNE", "0", "1"),
     ("DDL_AUTOTUNE_STEPS", "5", "7"),
     ("DDL_AUTOTUNE_CYCLES", "5", "2"),
+    ("DDL_UPLINK_COMPRESSION", "none", "fp16"),
 ]
 PER_RANK = [("DDL_SPIN_POLLS", "50", "7"), ("DDL_ENGINE_PRIORITY", "normal", "high"),
             ("DDL_AUTOTUNE_FILE", "/nonexistent/a", "/nonexistent/b"),

@@ -7,7 +7,8 @@ Racks are interleaved ({0, 3} and {1, 2}), so the promised order
 ((x0 + x3) + (x1 + x2)) differs from rank order, and the results are
 checked bitwise against numpy in that order, on every rank, for a call the
 one-round exchange takes, one the pipelined schedule takes, and both fused
-in one call. Errors: ranks without a topology, ranks of one node in two
+in one call; the same with DDL_UPLINK_COMPRESSION=fp16 against its promised
+rounding (one and two local ranks). Errors: ranks without a topology, ranks of one node in two
 racks, a malformed DDL_TOPOLOGY, DDL_ALLREDUCE=racks with uneven racks:
 init fails on every rank naming the ranks and what each saw."""
 
@@ -28,7 +29,7 @@ RACK_OF = {0: "ra", 3: "ra", 1: "rb", 2: "rb"}
 # Rank-major grid: rack ra's nodes (ranks 0, 3), then rack rb's (1, 2).
 ORDER = [[0, 3], [1, 2]]
 VARIABLES = ("SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN", "DDL_TOPOLOGY",
-             "DDL_ALLREDUCE", "DDL_LOCAL_SIZE")
+             "DDL_ALLREDUCE", "DDL_LOCAL_SIZE", "DDL_UPLINK_COMPRESSION")
 
 
 def set_env(env):
@@ -72,7 +73,27 @@ def rack_order(inputs, op):
     return total
 
 
-def check_results(name):
+def through_half(x):
+    return x.astype(np.float16).astype(np.float32)
+
+
+def rack_order_fp16_uplinks(inputs, op):
+    """DDL_UPLINK_COMPRESSION=fp16 (rack_allreduce.h): each rack's float32
+    partial rounded to float16, the racks summed in float32, one division
+    for Average, the result rounded to float16."""
+    racks = []
+    for members in ORDER:
+        value = inputs[members[0]].copy()
+        for r in members[1:]:
+            value = value + inputs[r]
+        racks.append(through_half(value))
+    total = racks[0] + racks[1]
+    if op == "average":
+        total = total / np.float32(len(inputs))
+    return through_half(total)
+
+
+def check_results(name, reference=rack_order):
     import tensorflow as tf
     problems = []
     rng = np.random.default_rng(100 + RANK)
@@ -87,7 +108,7 @@ def check_results(name):
         fused = [t.numpy() for t in ddl.grouped_allreduce(
             [tf.constant(x) for x in mine], op=op, name=f"{name}.{op_name}.fused")]
         for i, n in enumerate(lengths):
-            want = rack_order([everyone[r][i] for r in range(4)], op_name)
+            want = reference([everyone[r][i] for r in range(4)], op_name)
             for label, got in (("single", singles[i]), ("fused", fused[i])):
                 if got.tobytes() != want.tobytes():
                     bad = int(np.sum(got != want))
@@ -142,6 +163,15 @@ def main():
     COMM.Barrier()
     basics.shutdown()
 
+    # The same grid with fp16 on the uplinks: the promised rounding, bit for
+    # bit on every rank, for the one-round exchange, the pipeline and fused.
+    set_env(dict(slurm(), DDL_UPLINK_COMPRESSION="fp16"))
+    basics.init()
+    problems = check_results("uplink_fp16", rack_order_fp16_uplinks)
+    report("uplink_fp16_one_rank_per_node", RANK, not problems, "; ".join(problems))
+    COMM.Barrier()
+    basics.shutdown()
+
     # 2 racks x 1 node x 2 local ranks: shared memory inside the node, the
     # rack allreduce across (DDL_TOPOLOGY by host cannot split one machine,
     # so Slurm's per-node variables stand in again).
@@ -161,6 +191,24 @@ def main():
     if got.tobytes() != want.tobytes():
         problems.append(f"{int(np.sum(got != want))} elements differ from the node-then-rack sum")
     report("racks_with_two_local_ranks", RANK, not problems, "; ".join(problems))
+    COMM.Barrier()
+    basics.shutdown()
+
+    # And with fp16 on the uplinks: a rack's partial is its node's float32
+    # sum; the node path divides an Average after the cross-node sum.
+    set_env({"SLURM_TOPOLOGY_ADDR": f"core.{node_rack}.n{RANK // 2}", "DDL_LOCAL_SIZE": "2",
+             "DDL_ALLREDUCE": "racks", "DDL_UPLINK_COMPRESSION": "fp16"})
+    basics.init()
+    problems = []
+    total = through_half(through_half(everyone[0] + everyone[1]) +
+                         through_half(everyone[2] + everyone[3]))
+    for op_name, op, want in (("sum", ddl.Sum, total),
+                              ("average", ddl.Average, total / np.float32(4))):
+        got = ddl.allreduce(tf.constant(x), op=op, name=f"local2.fp16.{op_name}").numpy()
+        if got.tobytes() != want.tobytes():
+            problems.append(f"{op_name}: {int(np.sum(got != want))} elements differ from the "
+                            "fp16-uplink result")
+    report("uplink_fp16_two_local_ranks", RANK, not problems, "; ".join(problems))
     COMM.Barrier()
     basics.shutdown()
     set_env({})
