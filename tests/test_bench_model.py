@@ -408,19 +408,19 @@ def test_three_level_adds_the_node_stage_and_shares_the_links():
         m.three_level(16, 2, S, intra, inter, uplink, 3)
 
 
-def test_rack_pieces_are_a_32nd_of_the_call_within_1_to_2_mib():
-    # RackPieceBytes in custom_ops/algorithms/rack_allreduce.h (main, 0446f4a)
-    # and its checks in tests/core/rack_allreduce_check.cc, as piece counts
+def test_rack_pieces_are_1_mib():
+    # RackPieceBytes in custom_ops/algorithms/rack_allreduce.h and its
+    # checks in tests/core/rack_allreduce_check.cc, as piece counts
     MiB = 1 << 20
     assert m.rack_pieces(0) == 1 and m.rack_pieces(1) == 1
-    assert m.rack_pieces(4 * MiB) == 4            # the 1 MiB floor
+    assert m.rack_pieces(300 << 10) == 1          # a smaller call is one piece
     assert m.rack_pieces(1.5 * MiB) == 2
-    assert m.rack_pieces(32 * MiB) == 32
-    assert m.rack_pieces(32 * MiB + 1) == 32      # a 32nd: no 33rd piece from rounding
-    assert m.rack_pieces(48 * MiB) == 32          # pieces of 1.5 MiB
-    assert m.rack_pieces(64 * MiB) == 32          # pieces of 2 MiB
-    assert m.rack_pieces(64 * MiB + 1) == 33      # the 2 MiB cap
-    assert m.rack_pieces(1 << 30) == 512
+    assert m.rack_pieces(64 * MiB) == 64
+    assert m.rack_pieces(64 * MiB + 1) == 65
+    assert m.rack_pieces(1 << 30) == 1024
+    # the rule of 0446f4a until fixed pieces: a 32nd within 1-2 MiB
+    assert m.rack_pieces(48 * MiB, 32, MiB, 2 * MiB) == 32
+    assert m.rack_pieces(64 * MiB + 1, 32, MiB, 2 * MiB) == 33
     # the lockstep schedule's rule (6b9f4ab..0446f4a): an eighth within 1-8 MiB
     assert m.lockstep_pieces(4 * MiB) == 4 and m.lockstep_pieces(64 * MiB) == 8
     assert m.lockstep_pieces(64 * MiB + 1) == 9 and m.lockstep_pieces(1 << 30) == 128
@@ -453,11 +453,11 @@ def test_three_level_cuts_each_slice_by_the_rule():
     uplink = m.Link(alpha=5e-6, bandwidth=20e9)
     S = 128 * 2**20
     grid = m.Racks(4, 2, 10e9, 20e9)
-    # one GPU per node: the call in the rule's 64 pieces of 2 MiB, or 1 MiB pieces (128)
+    # one GPU per node: the call in the rule's 128 pieces of 1 MiB, or 2 MiB pieces (64)
     assert m.three_level(8, 1, S, intra, inter, uplink, 2) == pytest.approx(
-        m.rack_allreduce(grid, S, 5e-6, pieces=64), rel=1e-12)
-    assert m.three_level(8, 1, S, intra, inter, uplink, 2, piece=2**20) == pytest.approx(
         m.rack_allreduce(grid, S, 5e-6, pieces=128), rel=1e-12)
+    assert m.three_level(8, 1, S, intra, inter, uplink, 2, piece=2**21) == pytest.approx(
+        m.rack_allreduce(grid, S, 5e-6, pieces=64), rel=1e-12)
     assert m.three_level(8, 1, S, intra, inter, uplink, 2, schedule="lockstep") == (
         pytest.approx(m.rack_allreduce(grid, S, 5e-6, pieces=16, schedule="lockstep"),
                       rel=1e-12))
@@ -476,9 +476,9 @@ def test_observations_measured_with_fixed_pieces_keep_them():
            "size": 64 << 20, "time_s": 3.11}
     node, up = m.Link(0.0, 1e9 / 8), m.Link(0.0, 250e6 / 8)
     assert m.observation_bound(obs) == m.three_level(8, 1, 64 << 20, node, node, up, 4)
-    assert m.observation_bound(dict(obs, piece=1 << 20)) == m.three_level(
-        8, 1, 64 << 20, node, node, up, 4, piece=1 << 20)
-    assert m.observation_bound(dict(obs, piece=1 << 20)) < m.observation_bound(obs)
+    assert m.observation_bound(dict(obs, piece=2 << 20)) == m.three_level(
+        8, 1, 64 << 20, node, node, up, 4, piece=2 << 20)
+    assert m.observation_bound(dict(obs, piece=2 << 20)) > m.observation_bound(obs)
     with open(m.OBSERVATIONS) as f:
         transcribed = json.load(f)["observations"]
     racks_rows = [o for o in transcribed if o["path"] == "racks"]
@@ -511,10 +511,10 @@ def test_results_files_measured_before_the_stages_schedule_are_refit_as_lockstep
     # 64 MiB at 1 Gbit/s / 250 Mbit/s, in units of S/B: uplink_term 4, node_term 1.75.
     # Lockstep, 8 pieces of 8 MiB (node round a = 1.75/16, uplink round u = 4/16):
     # A | AB | ABC | 5 x ABCD | BCD | CD | D = 2a + 2u + 7 x 2u = 4.21875;
-    # stages, 32 pieces of 2 MiB: 4 + 1.75/32
+    # stages, 64 pieces of 1 MiB: 4 + 1.75/64
     bound = m.Racks(2, 4, 1e9 / 8, 250e6 / 8).bound(64 << 20)
     assert bound / m.observation_bound(lock) == pytest.approx(4 / 4.21875, rel=1e-12)
-    assert bound / m.observation_bound(stages) == pytest.approx(4 / (4 + 1.75 / 32),
+    assert bound / m.observation_bound(stages) == pytest.approx(4 / (4 + 1.75 / 64),
                                                                  rel=1e-12)
     assert m.rack_schedule([old, "30d6a2ec974097cbe19ad8e48bc15dbaa87c6b58"]) == "lockstep"
     assert m.rack_schedule([old, new]) == "stages" and m.rack_schedule(None) == "stages"

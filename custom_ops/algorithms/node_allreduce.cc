@@ -131,10 +131,8 @@ bool NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataTyp
     }
   }
   if (racks_) {
-    // Pieces of an eighth of the slice keep the schedule's four stages
-    // overlapped within this chunk.
-    const size_t piece = std::clamp<size_t>(wire_bytes / 8, 64 << 10, kRackMaxPieceBytes);
-    RackGridAllreduce(grid_, sent, count, wire, cross_op, piece, choice_);
+    RackGridAllreduce(grid_, sent, count, wire, cross_op, RackSlicePieceBytes(wire_bytes),
+                      choice_);
   } else {
     ChooseAllreduce(cross_->size(), wire_bytes, choice_).run(*cross_, sent, count, wire, cross_op);
   }

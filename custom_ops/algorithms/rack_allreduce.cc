@@ -305,7 +305,11 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
 }
 
 size_t RackPieceBytes(size_t call_bytes) {
-  return std::clamp<size_t>(call_bytes / 32, kRackPieceBytes, kRackMaxPieceBytes);
+  return std::min(std::max<size_t>(call_bytes, 1), kRackPieceBytes);
+}
+
+size_t RackSlicePieceBytes(size_t slice_bytes) {
+  return std::clamp<size_t>(slice_bytes / 8, 64 << 10, 2 << 20);
 }
 
 const char* RackGridAllreduce(const RackGrid& grid, void* buffer, int64_t count, DataType dtype,

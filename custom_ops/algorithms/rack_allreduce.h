@@ -45,18 +45,23 @@ namespace ddl {
 // Bytes of a piece (the pipeline's unit) and pieces in flight per stage.
 // Each stage moves a piece on as soon as its own round of it is done, so
 // a slow message holds back only its piece; kRackRoundsInFlight pieces
-// queued per stage keep the uplinks busy meanwhile. A call takes a 32nd
-// of its bytes, within 1-2 MiB: enough pieces to fill the pipeline, each
-// message long enough to amortise its round trips over TCP, and the
-// landing areas (about a piece per slot) small. On the test cluster (2
-// racks x 4 nodes, 1 Gbit/s links, 250 Mbit/s uplinks, 64 MB calls, six
-// launches of five rounds) 1-2 MiB pieces with 4-8 in flight ran at
-// 0.85-0.90 of the bound by the launch medians, against 0.83-0.85 for the
-// earlier schedule of whole steps in 8 MiB pieces.
+// queued per stage keep the uplinks busy meanwhile. A call goes in pieces
+// of 1 MiB (a smaller call is one piece): enough pieces to fill the
+// pipeline, each message long enough to amortise its round trips over
+// TCP, and the landing areas (about a piece per slot) small. On the test
+// cluster (2 racks x 4 nodes, 1 Gbit/s links, 250 Mbit/s uplinks, 64 MB
+// calls, 8 in flight) two launches alternating the piece size call by
+// call gave, as medians of 6 and 8 calls: 1 MiB 0.879 and 0.899 of the
+// bound, 2 MiB 0.866 and 0.859 (512 KiB 0.883, with a wider spread).
+// The earlier schedule of whole steps in 8 MiB pieces ran at 0.83-0.85.
 constexpr size_t kRackPieceBytes = 1 << 20;
-constexpr size_t kRackMaxPieceBytes = 2 << 20;
 constexpr int kRackRoundsInFlight = 8;
 size_t RackPieceBytes(size_t call_bytes);
+// With several ranks per node NodeAllreduce hands the rack allreduce one
+// local rank's slice of a shared-memory chunk at a time: an eighth of the
+// slice, within 64 KiB-2 MiB, keeps the four stages overlapped within the
+// chunk (chunks of 4 MiB never reach the cap).
+size_t RackSlicePieceBytes(size_t slice_bytes);
 
 // In-place allreduce of `count` elements over the N x R grid described by
 // `rack` (size N) and `across` (size R). Every rank of the grid calls it

@@ -67,8 +67,8 @@ from .plots import plot, seeds_plot  # noqa: F401
 from .published import (  # noqa: F401
     PUBLISHED, PublishedPoint, _closest_fraction, compare_published, overlap_needed)
 from .racks import (  # noqa: F401
-    LOCKSTEP_MAX_PIECE, LOCKSTEP_PIECES_PER_CALL, RACK_CHUNK_BYTES, RACK_MAX_PIECE, RACK_PIECE,
-    RACK_PIECES_PER_CALL, SCHEDULES, SLICE_MIN_PIECE, SLICE_PIECES, Racks, lockstep_pieces,
+    LOCKSTEP_MAX_PIECE, LOCKSTEP_PIECES_PER_CALL, RACK_CHUNK_BYTES, RACK_PIECE, SCHEDULES,
+    SLICE_MAX_PIECE, SLICE_MIN_PIECE, SLICE_PIECES, Racks, lockstep_pieces,
     rack_allreduce, rack_pieces, slice_pieces, three_level)
 from .seeds import (  # noqa: F401
     SEED_ALGORITHMS, SEED_MODELS, SEED_SYSTEMS, SEEDS_BLOCK, SeedSetup, _gbit,

@@ -52,13 +52,13 @@ class Racks:
 
 
 # The pieces of algorithms/rack_allreduce.cc (RackPieceBytes in
-# rack_allreduce.h, since main's 0446f4a): a 32nd of the call, at least
-# RACK_PIECE and at most RACK_MAX_PIECE bytes. Small pieces are cheap now
-# that each stage moves a piece on by itself: they only shorten the fill
-# and drain, and keep the landing areas (a piece per slot) small.
+# rack_allreduce.h): RACK_PIECE bytes, or the whole of a smaller call.
+# Small pieces are cheap now that each stage moves a piece on by itself:
+# they only shorten the fill and drain, and keep the landing areas (a
+# piece per slot) small. (From 0446f4a to the change to fixed pieces the
+# rule was a 32nd of the call within 1-2 MiB; no results file kept here
+# was measured then.)
 RACK_PIECE = 1 << 20
-RACK_MAX_PIECE = 2 << 20
-RACK_PIECES_PER_CALL = 32
 # The rule of the lockstep schedule (6b9f4ab until 0446f4a; 1 MiB always
 # before 6b9f4ab): an eighth of the call within 1-8 MiB. The results files
 # measured then ran with it (cluster_refit.LOCKSTEP_COMMITS).
@@ -68,27 +68,28 @@ LOCKSTEP_PIECES_PER_CALL = 8
 # rack allreduce one shared-memory chunk at a time: chunks of
 # RACK_CHUNK_BYTES of the call (kRackChunkBytes, engine/context.cc), each
 # local rank's slice of a chunk cut into an eighth within 64 KiB-2 MiB
-# (the cap is kRackMaxPieceBytes).
+# (RackSlicePieceBytes).
 RACK_CHUNK_BYTES = 4 << 20
 SLICE_MIN_PIECE = 64 << 10
+SLICE_MAX_PIECE = 2 << 20
 SLICE_PIECES = 8
 
 SCHEDULES = ("stages", "lockstep")
 
 
-def rack_pieces(call_bytes, per_call=RACK_PIECES_PER_CALL, floor=RACK_PIECE,
-                cap=RACK_MAX_PIECE):
-    """How many pieces the rack allreduce cuts ``call_bytes`` into:
-    ceil(call_bytes / piece) with piece = clamp(call_bytes / per_call,
-    floor, cap); by default RackPieceBytes, clamp(call / 32, 1 MiB, 2 MiB):
-    pieces of 1 MiB up to 32 MiB (1 to 32 of them), 32 pieces up to 64 MiB,
-    pieces of 2 MiB beyond. Counted as max(min(ceil(call / floor),
-    per_call), ceil(call / cap)), without a piece size in between, so float
-    rounding cannot add a piece. (The C++ rounds the piece down to whole
-    bytes and elements, which can leave one more piece of a few elements
-    between 32 and 64 MiB; the model leaves that out.)"""
+def rack_pieces(call_bytes, per_call=None, floor=RACK_PIECE, cap=RACK_PIECE):
+    """How many pieces the rack allreduce cuts ``call_bytes`` into. By
+    default RackPieceBytes: pieces of 1 MiB, ceil(call / 1 MiB). With
+    ``per_call``, the older rules: piece = clamp(call / per_call, floor,
+    cap), counted as max(min(ceil(call / floor), per_call), ceil(call /
+    cap)) without a piece size in between, so float rounding cannot add a
+    piece. (The C++ rounds the piece down to whole bytes and elements,
+    which can leave one more piece of a few elements; the model leaves
+    that out.)"""
     if call_bytes <= 0:
         return 1
+    if per_call is None:
+        return math.ceil(call_bytes / cap)
     return max(min(math.ceil(call_bytes / floor), per_call), math.ceil(call_bytes / cap))
 
 
@@ -101,7 +102,7 @@ def slice_pieces(slice_bytes):
     """The pieces of one local rank's slice of a shared-memory chunk
     (NodeAllreduce::CrossNode): clamp(slice / 8, 64 KiB, 2 MiB). A chunk
     of 4 MiB gives slices of 4 MiB / L, so 8 pieces for L up to 8."""
-    return rack_pieces(slice_bytes, SLICE_PIECES, SLICE_MIN_PIECE, RACK_MAX_PIECE)
+    return rack_pieces(slice_bytes, SLICE_PIECES, SLICE_MIN_PIECE, SLICE_MAX_PIECE)
 
 
 def _pieces(nbytes, piece, pieces, schedule):

@@ -382,14 +382,19 @@ int main() {
   }
   CheckAbsentRankTimesOut(2, 2, 3);
   CheckAbsentRankTimesOut(3, 2, 0);
-  // The piece size a call takes: a 32nd of it, at least 1 MiB and at
-  // most 2 MiB (the bounds' reasons are in rack_allreduce.h).
-  ddl_test::Expect(ddl::RackPieceBytes(0) == ddl::kRackPieceBytes, "piece of an empty call is 1 MiB");
-  ddl_test::Expect(ddl::RackPieceBytes(16 << 20) == ddl::kRackPieceBytes,
-                   "piece of a 16 MiB call is the 1 MiB floor");
-  ddl_test::Expect(ddl::RackPieceBytes(48 << 20) == (3 << 19), "piece of a 48 MiB call is 1.5 MiB");
-  ddl_test::Expect(ddl::RackPieceBytes(64 << 20) == (2 << 20), "piece of a 64 MiB call is 2 MiB");
-  ddl_test::Expect(ddl::RackPieceBytes(size_t(1) << 30) == ddl::kRackMaxPieceBytes,
-                   "piece of a 1 GiB call is the 2 MiB cap");
+  // The piece size a call takes: 1 MiB, or the whole of a smaller call;
+  // a slice's: an eighth within 64 KiB-2 MiB (reasons in rack_allreduce.h).
+  ddl_test::Expect(ddl::RackPieceBytes(0) == 1, "piece of an empty call is one byte");
+  ddl_test::Expect(ddl::RackPieceBytes(300 << 10) == (300 << 10),
+                   "a 300 KiB call is one piece");
+  ddl_test::Expect(ddl::RackPieceBytes(64 << 20) == (1 << 20), "piece of a 64 MiB call is 1 MiB");
+  ddl_test::Expect(ddl::RackPieceBytes(size_t(1) << 30) == (1 << 20),
+                   "piece of a 1 GiB call is 1 MiB");
+  ddl_test::Expect(ddl::RackSlicePieceBytes(128 << 10) == (64 << 10),
+                   "piece of a 128 KiB slice is the 64 KiB floor");
+  ddl_test::Expect(ddl::RackSlicePieceBytes(2 << 20) == (256 << 10),
+                   "piece of a 2 MiB slice is an eighth");
+  ddl_test::Expect(ddl::RackSlicePieceBytes(64 << 20) == (2 << 20),
+                   "piece of a 64 MiB slice is the 2 MiB cap");
   return ddl_test::Summary();
 }
