@@ -223,7 +223,9 @@ def traffic():
     ``shared_output_bytes`` (allreduce results delivered straight into
     node shared memory, see DDL_SHM_POOL_MB), ``alltoall_bytes``
     (sent to other ranks by ``alltoall``) and ``rack_bytes`` (allreduced
-    by the rack allreduce with one rank per node)."""
+    by the rack allreduce with one rank per node: the buffers' bytes on the
+    wire dtype of the whole call, so fp16 on the uplinks alone, which only
+    halves what stages B and C send, does not change it)."""
     if not is_initialized():
         init()
     counters = (ctypes.c_uint64 * 6)()

@@ -33,20 +33,34 @@ void RoundThroughHalf(float* values, int64_t count, char* scratch) {
   Convert(values, DataType::kFloat32, scratch, DataType::kFloat16, count);
 }
 
-// Tests the messages still in `handles` and forgets those that completed
-// (a completed handle is released by Test); true when none is left.
-bool TestAll(Transport& t, std::vector<Transport::Handle>* handles) {
-  handles->erase(std::remove_if(handles->begin(), handles->end(),
-                                [&](Transport::Handle h) { return t.Test(h); }),
-                 handles->end());
-  return handles->empty();
-}
+// The messages of one round over `t` still in flight.
+class RoundMessages {
+ public:
+  explicit RoundMessages(Transport& t) : t_(t) {}
+  void Add(Transport::Handle h) { handles_.push_back(h); }
+  // Tests each message and forgets those that completed (Test releases a
+  // completed handle); true when none is left. Never blocks.
+  bool Done() {
+    handles_.erase(std::remove_if(handles_.begin(), handles_.end(),
+                                  [&](Transport::Handle h) { return t_.Test(h); }),
+                   handles_.end());
+    return handles_.empty();
+  }
+  // Blocks for the oldest message (the transport's peer timeout applies).
+  void WaitOne() {
+    if (handles_.empty()) return;
+    t_.Wait(handles_.front());
+    handles_.erase(handles_.begin());
+  }
+  void WaitAll() {
+    for (Transport::Handle h : handles_) t_.Wait(h);
+    handles_.clear();
+  }
 
-void WaitFirst(Transport& t, std::vector<Transport::Handle>* handles) {
-  if (handles->empty()) return;
-  t.Wait(handles->front());
-  handles->erase(handles->begin());
-}
+ private:
+  Transport& t_;
+  std::vector<Transport::Handle> handles_;
+};
 
 // The schedule's wait between passes that found nothing done: polls a
 // while (the message is often about to land), then yields its core
@@ -95,7 +109,7 @@ class ScatterRound {
   ScatterRound(Transport& t, int tag, size_t elem, int64_t max_part, bool half = false)
       : t_(t), tag_(tag), elem_(elem), wire_(half ? 2 : elem), half_(half),
         landing_(static_cast<size_t>(std::max(t.size(), 1)) * max_part * wire_),
-        staging_(half ? landing_.size() : 0) {}
+        staging_(half ? landing_.size() : 0), messages_(t) {}
 
   void Start(char* base, std::vector<int64_t> at) {
     at_ = std::move(at);
@@ -107,25 +121,20 @@ class ScatterRound {
       Convert(staging_.data(), DataType::kFloat16, base + at_.front() * elem_,
               DataType::kFloat32, at_.back() - at_.front());
     }
-    handles_.clear();
     for (int p = 0; p < t_.size(); ++p) {
       if (p == me) continue;
-      if (mine > 0) handles_.push_back(t_.Irecv(Landing(p), mine, p, tag_));
-      if (Bytes(p) > 0) handles_.push_back(t_.Isend(Outgoing(base, p), Bytes(p), p, tag_));
+      if (mine > 0) messages_.Add(t_.Irecv(Landing(p), mine, p, tag_));
+      if (Bytes(p) > 0) messages_.Add(t_.Isend(Outgoing(base, p), Bytes(p), p, tag_));
     }
     base_ = base;
   }
 
-  // True once every message of the round completed; never blocks.
-  bool Done() { return TestAll(t_, &handles_); }
-  // Blocks for one message still in flight (the transport's peer timeout
-  // applies).
-  void WaitOne() { WaitFirst(t_, &handles_); }
+  // Between Start and Finish: whether the round's messages are done.
+  RoundMessages& messages() { return messages_; }
 
   // Leaves this rank's part reduced (and divided by `divisor` if not 0).
   void Finish(DataType dtype, ReduceOp op, int divisor) {
-    for (Transport::Handle h : handles_) t_.Wait(h);
-    handles_.clear();
+    messages_.WaitAll();
     if (half_) return FinishHalf(op, divisor);
     const int n = t_.size();
     const int me = t_.rank();
@@ -193,7 +202,7 @@ class ScatterRound {
   std::vector<float> widened_;  // half mode: one rank's copy back in float32
   std::vector<int64_t> at_;
   char* base_ = nullptr;
-  std::vector<Transport::Handle> handles_;
+  RoundMessages messages_;
 };
 
 // One round of an all-gather over `t`: rank p's part goes to every rank,
@@ -205,7 +214,7 @@ class GatherRound {
   // values float16 represents exactly (FinishHalf of stage B).
   GatherRound(Transport& t, int tag, size_t elem, bool half = false, int64_t max_range = 0)
       : t_(t), tag_(tag), elem_(elem), wire_(half ? 2 : elem), half_(half),
-        staging_(half ? static_cast<size_t>(max_range) * wire_ : 0) {}
+        staging_(half ? static_cast<size_t>(max_range) * wire_ : 0), messages_(t) {}
 
   void Start(char* base, const std::vector<int64_t>& at) {
     const int me = t_.rank();
@@ -219,18 +228,15 @@ class GatherRound {
       Convert(place(me), DataType::kFloat16, base + at[me] * elem_, DataType::kFloat32,
               at[me + 1] - at[me]);
     }
-    handles_.clear();
     for (int p = 0; p < t_.size(); ++p) {
       if (p == me) continue;
-      if (bytes(p) > 0) handles_.push_back(t_.Irecv(place(p), bytes(p), p, tag_));
-      if (bytes(me) > 0) handles_.push_back(t_.Isend(place(me), bytes(me), p, tag_));
+      if (bytes(p) > 0) messages_.Add(t_.Irecv(place(p), bytes(p), p, tag_));
+      if (bytes(me) > 0) messages_.Add(t_.Isend(place(me), bytes(me), p, tag_));
     }
   }
-  bool Done() { return TestAll(t_, &handles_); }
-  void WaitOne() { WaitFirst(t_, &handles_); }
+  RoundMessages& messages() { return messages_; }
   void Finish() {
-    for (Transport::Handle h : handles_) t_.Wait(h);
-    handles_.clear();
+    messages_.WaitAll();
     if (!half_) return;
     // The other ranks' parts, widened into their places in the buffer.
     for (int p = 0; p < t_.size(); ++p) {
@@ -250,7 +256,7 @@ class GatherRound {
   std::vector<char> staging_;  // half mode: the range in float16
   std::vector<int64_t> at_;
   char* base_ = nullptr;
-  std::vector<Transport::Handle> handles_;
+  RoundMessages messages_;
 };
 
 }  // namespace
@@ -410,22 +416,13 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
       default: rack_gather[slot].Start(base, segments[p]); break;
     }
   };
-  auto done = [&](int stage, int64_t p) {
+  auto messages = [&](int stage, int64_t p) -> RoundMessages& {
     const int slot = static_cast<int>(p % slots);
     switch (stage) {
-      case kA: return rack_scatter[slot].Done();
-      case kB: return across_scatter[slot].Done();
-      case kC: return across_gather[slot].Done();
-      default: return rack_gather[slot].Done();
-    }
-  };
-  auto wait_one = [&](int stage, int64_t p) {
-    const int slot = static_cast<int>(p % slots);
-    switch (stage) {
-      case kA: rack_scatter[slot].WaitOne(); break;
-      case kB: across_scatter[slot].WaitOne(); break;
-      case kC: across_gather[slot].WaitOne(); break;
-      default: rack_gather[slot].WaitOne(); break;
+      case kA: return rack_scatter[slot].messages();
+      case kB: return across_scatter[slot].messages();
+      case kC: return across_gather[slot].messages();
+      default: return rack_gather[slot].messages();
     }
   };
   auto finish = [&](int stage, int64_t p) {
@@ -454,7 +451,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   while (finished < pieces) {
     bool moved = false;
     for (int stage = kD; stage >= kA; --stage) {
-      while (!flight[stage].empty() && done(stage, flight[stage].front())) {
+      while (!flight[stage].empty() && messages(stage, flight[stage].front()).Done()) {
         const int64_t p = flight[stage].front();
         flight[stage].pop_front();
         finish(stage, p);
@@ -493,7 +490,7 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
           oldest = stage;
         }
       }
-      wait_one(oldest, flight[oldest].front());
+      messages(oldest, flight[oldest].front()).WaitOne();
       backoff.Reset();
     }
   }

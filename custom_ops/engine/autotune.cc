@@ -174,40 +174,62 @@ void Autotuner::Start() {
   if (plane_.rank() == 0) print_(Describe("loaded from " + file_ + ", not measured again"));
 }
 
-void Autotuner::Finish() {
-  // This rank's times: per class and candidate, a count and the values.
-  std::vector<char> mine;
-  for (const auto& per_class : samples_) {
-    for (const auto& values : per_class) {
-      PutDouble(&mine, static_cast<double>(values.size()));
-      for (double v : values) PutDouble(&mine, v);
-    }
+std::vector<std::vector<std::vector<double>>> Autotuner::GatherLists(
+    const std::vector<std::vector<double>>& mine) const {
+  // Per list a count, then its values.
+  std::vector<char> bytes;
+  for (const std::vector<double>& values : mine) {
+    PutDouble(&bytes, static_cast<double>(values.size()));
+    for (double v : values) PutDouble(&bytes, v);
   }
-  std::vector<std::vector<char>> all = plane_.GatherBytes(mine, 0);
-  std::vector<char> decision;
-  const int n = static_cast<int>(candidates_.size());
-  if (plane_.rank() == 0) {
-    std::vector<Samples> per_rank;
-    for (const std::vector<char>& bytes : all) {
-      Samples s(kClasses, std::vector<std::vector<double>>(n));
-      size_t at = 0;
-      for (int c = 0; c < kClasses; ++c) {
-        for (int k = 0; k < n; ++k) {
-          const double count = GetDouble(bytes, &at);
-          for (int i = 0; i < static_cast<int>(count); ++i) s[c][k].push_back(GetDouble(bytes, &at));
-        }
-      }
-      per_rank.push_back(std::move(s));
+  std::vector<std::vector<std::vector<double>>> lists;
+  for (const std::vector<char>& from : plane_.GatherBytes(bytes, 0)) {
+    size_t at = 0;
+    std::vector<std::vector<double>> rank_lists(mine.size());
+    for (std::vector<double>& values : rank_lists) {
+      // A payload cut short reads NaN: no more values.
+      const double count = GetDouble(from, &at);
+      if (!(count > 0)) continue;
+      for (int i = 0; i < static_cast<int>(count); ++i) values.push_back(GetDouble(from, &at));
     }
-    table_ = Decide(per_rank, n);
+    lists.push_back(std::move(rank_lists));
+  }
+  return lists;
+}
+
+void Autotuner::ShareTable(const std::string& what) {
+  std::vector<char> decision;
+  if (plane_.rank() == 0) {
     const std::string text = Serialize();
     decision.assign(text.begin(), text.end());
   }
   plane_.BroadcastBytes(decision, 0);
   std::string why;
   if (!Parse(std::string(decision.begin(), decision.end()), &table_, &why, false)) {
-    throw std::runtime_error("autotune: rank 0's decision does not parse: " + why);
+    throw std::runtime_error("autotune: rank 0's " + what + " does not parse: " + why);
   }
+}
+
+void Autotuner::Finish() {
+  // This rank's times, as lists per class and candidate.
+  const int n = static_cast<int>(candidates_.size());
+  std::vector<std::vector<double>> mine;
+  for (const auto& per_class : samples_) {
+    for (const auto& values : per_class) mine.push_back(values);
+  }
+  const auto all = GatherLists(mine);
+  if (plane_.rank() == 0) {
+    std::vector<Samples> per_rank;
+    for (const auto& lists : all) {
+      Samples s(kClasses, std::vector<std::vector<double>>(n));
+      for (int c = 0; c < kClasses; ++c) {
+        for (int k = 0; k < n; ++k) s[c][k] = lists[c * n + k];
+      }
+      per_rank.push_back(std::move(s));
+    }
+    table_ = Decide(per_rank, n);
+  }
+  ShareTable("decision");
   decided_ = true;
   // With settings to tune, the one table comes once they are decided too.
   if (settings_.empty()) {

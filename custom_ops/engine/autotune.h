@@ -168,6 +168,14 @@ class Autotuner {
   void Finish();
   void FinishSettings();
   void Report(const std::string& how);  // rank 0: prints the table, saves it
+  // Every rank's lists of values to rank 0: there, [rank][list][value]
+  // (elsewhere empty). The lists are the same in number on every rank.
+  std::vector<std::vector<std::vector<double>>> GatherLists(
+      const std::vector<std::vector<double>>& mine) const;
+  // Rank 0's table_ to every rank: serialized, broadcast and parsed back on
+  // every rank (rank 0 too, so all hold the same values); `what` names
+  // the decision in the error if it does not parse.
+  void ShareTable(const std::string& what);
   void Save() const;
   std::string SettingsLine() const;
 

@@ -98,44 +98,10 @@ AutotuneSetting Autotuner::BeginCycle(size_t bytes) {
 }
 
 void Autotuner::FinishSettings() {
-  std::vector<char> mine;
-  auto put = [&mine](double v) {
-    const char* p = reinterpret_cast<const char*>(&v);
-    mine.insert(mine.end(), p, p + sizeof v);
-  };
-  for (const auto& values : window_seconds_) {
-    put(static_cast<double>(values.size()));
-    for (double v : values) put(v);
-  }
-  std::vector<std::vector<char>> all = plane_.GatherBytes(mine, 0);
-  std::vector<char> decision;
-  if (plane_.rank() == 0) {
-    std::vector<std::vector<std::vector<double>>> seconds;
-    for (const std::vector<char>& bytes : all) {
-      size_t at = 0;
-      auto get = [&bytes, &at] {
-        double v = std::numeric_limits<double>::quiet_NaN();
-        if (at + sizeof v <= bytes.size()) std::memcpy(&v, bytes.data() + at, sizeof v);
-        at += sizeof v;
-        return v;
-      };
-      std::vector<std::vector<double>> per_setting(settings_.size());
-      for (auto& values : per_setting) {
-        const int count = static_cast<int>(get());
-        for (int i = 0; i < count; ++i) values.push_back(get());
-      }
-      seconds.push_back(std::move(per_setting));
-    }
-    // The bytes of a window are the same on every rank (the same cycles).
-    DecideSettings(seconds, window_total_bytes_, &table_);
-    const std::string text = Serialize();
-    decision.assign(text.begin(), text.end());
-  }
-  plane_.BroadcastBytes(decision, 0);
-  std::string why;
-  if (!Parse(std::string(decision.begin(), decision.end()), &table_, &why, false)) {
-    throw std::runtime_error("autotune: rank 0's settings decision does not parse: " + why);
-  }
+  const auto seconds = GatherLists(window_seconds_);
+  // The bytes of a window are the same on every rank (the same cycles).
+  if (plane_.rank() == 0) DecideSettings(seconds, window_total_bytes_, &table_);
+  ShareTable("settings decision");
   settings_decided_ = true;
   Report("measured " + std::to_string(steps_) + " batches per candidate and size class, and " +
          std::to_string(steps_) + " windows of " + std::to_string(cycles_) +
