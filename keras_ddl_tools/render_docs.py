@@ -246,6 +246,7 @@ VIEWS = {
     "fit_cluster_2x1_1gbit.fit": ("fit_cluster_2x1_1gbit", view_fit_cluster, {}),
     "racks_2x4x1_4to1.allreduce": ("racks_2x4x1_4to1", view_racks_allreduce, {}),
     "racks_2x4x1_1to1.allreduce": ("racks_2x4x1_1to1", view_racks_allreduce, {}),
+    "racks_2x4x1_1to1_small.allreduce": ("racks_2x4x1_1to1_small", view_racks_allreduce, {}),
     "racks_2x8x1.allreduce": ("racks_2x8x1", view_racks_allreduce, {}),
     "racks_2x8x1.gradients": ("racks_2x8x1", view_cluster_gradients, {}),
 }

@@ -96,15 +96,24 @@ NetworkChoice Autotuner::Before(size_t bytes, Ticket* ticket) {
     return table_.chosen[c] >= 0 ? candidates_[table_.chosen[c]].choice : NetworkChoice::kAuto;
   }
   seen_[c] = true;
-  const int n = static_cast<int>(candidates_.size());
+  std::vector<int> tried;
+  for (int k = 0; k < static_cast<int>(candidates_.size()); ++k) {
+    if (Tried(k, c)) tried.push_back(k);
+  }
+  const int n = static_cast<int>(tried.size());
   const int k = batches_[c];
   if (k >= steps_ * n) return NetworkChoice::kAuto;  // this class is measured
   ++batches_[c];
   // Candidates take turns, so a slow start (first-touch allocations) or a
   // drift in the machine's load falls on all of them alike.
-  ticket->candidate = k % n;
+  ticket->candidate = tried[k % n];
   ticket->sample = k / n;
   return candidates_[ticket->candidate].choice;
+}
+
+bool Autotuner::Tried(int k, int c) const {
+  const int max_class = candidates_[k].max_class;
+  return max_class < 0 || c <= max_class;
 }
 
 void Autotuner::After(const Ticket& ticket, double seconds) {
@@ -116,9 +125,10 @@ void Autotuner::After(const Ticket& ticket, double seconds) {
                           : seconds;
     samples_[ticket.size_class][ticket.candidate].push_back(t);
   }
-  const int needed = steps_ * static_cast<int>(candidates_.size());
   for (int c = 0; c < kClasses; ++c) {
-    if (seen_[c] && batches_[c] < needed) return;
+    int tried = 0;
+    for (int k = 0; k < static_cast<int>(candidates_.size()); ++k) tried += Tried(k, c);
+    if (seen_[c] && batches_[c] < steps_ * tried) return;
   }
   // Every rank completes its last class at the same batch.
   Finish();
@@ -288,7 +298,10 @@ std::string Autotuner::Describe(const std::string& how) const {
       const double m = table_.median[c][k];
       std::string row = "  " + pad(k == 0 ? ClassName(c) : "", 16) +
                         pad(candidates_[k].name, width + 2) +
-                        pad(std::isnan(m) ? "-" : Format("%10.3f ms", m * 1e3), 21) +
+                        pad(!Tried(static_cast<int>(k), c) ? "(not tried at this size)"
+                            : std::isnan(m)                   ? "-"
+                                                              : Format("%10.3f ms", m * 1e3),
+                            21) +
                         (table_.chosen[c] == static_cast<int>(k) ? "  *" : "");
       out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";
     }

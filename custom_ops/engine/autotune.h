@@ -48,6 +48,11 @@ namespace ddl {
 struct AutotuneCandidate {
   std::string name;  // as printed and saved
   NetworkChoice choice;
+  // The largest size class (Autotuner::SizeClass) it is tried in; -1:
+  // every class. A one-round exchange sends whole buffers to every peer:
+  // a 64 MB batch of it over a slow uplink is tens of seconds per message,
+  // past the peer timeout, and never the choice.
+  int max_class = -1;
 };
 
 // Replaces each measured time by hook(rank, size class, candidate, sample,
@@ -115,6 +120,8 @@ class Autotuner {
   // This rank's seconds for the batch `ticket` came with. Collective at
   // the batch that completes the measurements.
   void After(const Ticket& ticket, double seconds);
+  // Whether candidate k is tried in size class c (see max_class).
+  bool Tried(int k, int c) const;
 
   // Tunes the fusion threshold and cycle time too, after the algorithms:
   // `settings[0]` is the configured one (and the one used until then),

@@ -59,7 +59,9 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
   std::vector<AutotuneCandidate> candidates;
   if (ctx.racks && ctx.rack_all && ctx.rack_all->size() > 1) {
     step = "racks";
-    candidates = {{"RACK_ORDERED_EXCHANGE", NetworkChoice::kRackExchange},
+    // The one-round exchange only below 1 MiB (size classes 0-1), as the
+    // world's below.
+    candidates = {{"RACK_ORDERED_EXCHANGE", NetworkChoice::kRackExchange, 1},
                   {"RACK_ALLREDUCE_256K", NetworkChoice::kRackPipeline256K},
                   {"RACK_ALLREDUCE_1M", NetworkChoice::kRackPipeline1M},
                   {"RACK_ALLREDUCE_SIZED", NetworkChoice::kRackPipelineSized}};
@@ -73,8 +75,9 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
     step = ctx.node_memory ? "cross-node" : "world";
     for (const TransportAllreduce& a : AllreduceAlgorithms()) {
       const bool direct = &a == &AllreduceAlgorithms().front();
-      candidates.push_back(
-          {a.name, direct ? NetworkChoice::kDirectExchange : NetworkChoice::kPairwiseRing});
+      candidates.push_back({a.name,
+                            direct ? NetworkChoice::kDirectExchange : NetworkChoice::kPairwiseRing,
+                            direct ? 1 : -1});
     }
   } else {
     if (ctx.rank == 0) {

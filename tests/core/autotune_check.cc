@@ -6,6 +6,8 @@
 //              the mean, would pick another); every rank gets rank 0's
 //              choice at the same batch, though each rank's own times
 //              point elsewhere; the table is printed once, by rank 0;
+//              a candidate capped at a size class (the one-round
+//              exchanges) is not tried above it, and the table says so;
 //   file     - the table saved by rank 0 is loaded by the next run of the
 //              same shape (nothing measured), refused with a warning for
 //              another shape (measured again);
@@ -612,6 +614,46 @@ void EnginesThroughTheSwitch(int ranks, const char* local_size, const std::strin
   rmdir(dir.c_str());
 }
 
+// A candidate with max_class = 0 (as the one-round exchanges, which get
+// 1) is tried only in class 0: the large class takes only the other
+// candidate's batches, finishes after kSteps of them, chooses it, and the
+// table says the first was not tried there.
+void CappedCandidateSkipsLargeClasses() {
+  const int ranks = 2;
+  InProcessGroup group(ranks, 1 << 20);
+  std::vector<std::vector<int>> candidate_of_large(ranks);
+  std::vector<std::vector<int>> chosen(ranks);
+  std::vector<bool> decided(ranks, false);
+  std::vector<std::string> printed(ranks);
+  group.Run([&](int r) {
+    std::vector<AutotuneCandidate> candidates = TwoCandidates();
+    candidates[0].max_class = 0;
+    InProcessRank plane(group, r);
+    Autotuner tuner(plane, candidates, kSteps, "world", "capped", "",
+                    [&printed, r](const std::string& text) { printed[r] += text; });
+    // kSteps x 2 small batches and kSteps large ones measure both classes.
+    for (int b = 0; b < 3 * kSteps; ++b) {
+      Autotuner::Ticket t;
+      const bool large = b % 3 == 2;
+      tuner.Before(large ? kLarge : kSmall, &t);
+      if (large) candidate_of_large[r].push_back(t.candidate);
+      tuner.After(t, 1e-3);
+    }
+    decided[r] = tuner.decided();
+    chosen[r] = tuner.table().chosen;
+  });
+  for (int r = 0; r < ranks; ++r) {
+    for (int k : candidate_of_large[r]) {
+      Expect(k == 1, "capped: a large batch took candidate " + std::to_string(k) + R(r));
+    }
+    Expect(decided[r], "capped: decided after kSteps batches of the one candidate left" + R(r));
+    Expect(chosen[r].size() > 2 && chosen[r][2] == 1,
+           "capped: the large class chose the candidate tried there" + R(r));
+  }
+  Expect(Contains(printed[0], "(not tried at this size)"),
+         "capped: the table says where a candidate was not tried:\n" + printed[0]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -622,6 +664,7 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, void (*)()>> checks = {
       {"decide", DecisionFromTheSlowestRank},
       {"file", SavedTableIsReused},
+      {"decide", CappedCandidateSkipsLargeClasses},
       {"settings", SettingsFromTheSlowestRank},
       {"settings", SavedSettingsAreReused},
       {"engine", [] { EnginesThroughTheSwitch(3, "1", "flat, 3 ranks"); }},
