@@ -5,8 +5,10 @@
 - ``ddl_tf_ops.so``: the TensorFlow ops (custom_ops/bindings/tf_ops.cc), linked to
   the core and compiled with the installed TensorFlow's flags.
 
-Both land next to the Python modules, with ``build_info.json`` recording
-what they were built against. TensorFlow and MPI must be installed before
+Both land in the package's top directory, with ``build_info.json`` recording
+what they were built against and a copy of the settings table
+(custom_ops/common/settings.def) for ddlrun, which reads it without loading
+the libraries. TensorFlow and MPI must be installed before
 the build, hence ``pip install --no-build-isolation`` (see README.md).
 
 MPI selection:
@@ -40,8 +42,9 @@ CORE_SOURCES = sorted(
     + glob.glob(os.path.join(OPS_DIR, "engine", "*.cc"))
     + [os.path.join(OPS_DIR, "bindings", "c_api.cc")])
 TF_SOURCES = [os.path.join(OPS_DIR, "bindings", "tf_ops.cc")]
-# The DDL_* settings table: compiled into the core, read by ddlrun at run time.
-SETTINGS_TABLE = os.path.join(HERE, "keras_ddl", "settings.def")
+# The DDL_* settings table: compiled into the core, copied into the package
+# for ddlrun, which reads it at run time.
+SETTINGS_TABLE = os.path.join(OPS_DIR, "common", "settings.def")
 HEADERS = sorted(glob.glob(os.path.join(OPS_DIR, "**", "*.h"), recursive=True)) + [SETTINGS_TABLE]
 
 
@@ -134,7 +137,9 @@ class BuildCustomOps(build_ext):
         with open(os.path.join(out_dir, "build_info.json"), "w") as f:
             json.dump({"tensorflow": tf_version, "mpi": mpi_desc, "compiler": " ".join(cxx),
                        "python": sys.version.split()[0]}, f, indent=2)
-        self._ddl_outputs = [core_lib, ops_lib, os.path.join(out_dir, "build_info.json")]
+        table = os.path.join(out_dir, "settings.def")
+        shutil.copyfile(SETTINGS_TABLE, table)
+        self._ddl_outputs = [core_lib, ops_lib, os.path.join(out_dir, "build_info.json"), table]
 
     def get_outputs(self):
         return getattr(self, "_ddl_outputs", [])
@@ -157,8 +162,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
                                     "keras_ddl_tools.*"]),
-    py_modules=["keras_ddl_launcher"],
-    package_data={"keras_ddl": ["settings.def"]},  # ddlrun's entry point: no TensorFlow import
+    py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
     # The sources are compiled by BuildCustomOps; listed as dependencies so
     # a rebuild (pip install -e ., setup.py build_ext) sees what changed.
     ext_modules=[Extension("keras_ddl.ddl_tf_ops", sources=[],

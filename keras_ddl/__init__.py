@@ -9,6 +9,7 @@ without a launcher is a world of size 1.
 """
 
 import os as _os
+import sys as _sys
 
 # TensorFlow's default CPU allocator returns large buffers to the OS, so
 # every step's gradient and allreduce outputs are fresh pages to fault in
@@ -66,38 +67,54 @@ if _installed is not None:
                    f"tree) has no compiled libraries; using the installed keras_ddl at "
                    f"{_installed}", RuntimeWarning, stacklevel=2)
 
-from .basics import (allreduce_algorithm, cross_rank, cross_size, init, is_initialized,
-                     local_rank, local_size, rank, shutdown, size, timeline_mark, topology,
-                     traffic)
+from .common.basics import (allreduce_algorithm, cross_rank, cross_size, init,  # noqa: E402
+                            is_initialized, local_rank, local_size, rank, shutdown, size,
+                            timeline_mark, topology, traffic)
 
 __version__ = "0.1.0"
 
 # The TensorFlow-backed API. The Keras-serializable classes (LARS, the
 # schedules, DistributedOptimizer) must be registered as soon as keras_ddl is
 # imported, or keras.saving.load_model cannot find them in a new process.
-from .ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum,  # noqa: E402
-                  allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
-                  broadcast_global_variables, broadcast_variables, grouped_allgather,
-                  grouped_allreduce, grouped_reducescatter, join, local_rank_op, local_size_op,
-                  rank_op, reducescatter, size_op)
-from .object_ops import allgather_object, broadcast_object  # noqa: E402
-from .process_sets import ProcessSet, add_process_set, global_process_set  # noqa: E402
-from .optimizer import (DistributedGradientTape, DistributedOptimizer,  # noqa: E402
-                        PartialDistributedGradientTape, PartialDistributedOptimizer)
-from .sync_batch_norm import SyncBatchNormalization  # noqa: E402
-from . import callbacks, optimizers, schedules  # noqa: E402
+from .tensorflow import (Average, Compression, Max, Min, Product, ReduceOp, Sum,  # noqa: E402
+                         allgather, allgather_object, allreduce, alltoall, barrier, broadcast,
+                         broadcast_, broadcast_global_variables, broadcast_object,
+                         broadcast_variables, grouped_allgather, grouped_allreduce,
+                         grouped_reducescatter, join, local_rank_op, local_size_op, rank_op,
+                         reducescatter, size_op)
+from .common.process_sets import ProcessSet, add_process_set, global_process_set  # noqa: E402
+from .keras.distributed_optimizer import (DistributedGradientTape,  # noqa: E402
+                                          DistributedOptimizer,
+                                          PartialDistributedGradientTape,
+                                          PartialDistributedOptimizer)
+from .keras.sync_batch_norm import SyncBatchNormalization  # noqa: E402
+from .keras import callbacks, data, optimizers, schedules  # noqa: E402
+from .keras.optimizers import lars as _lars  # noqa: E402
+from . import tensorflow as _tensorflow_layer  # noqa: E402
+
+# Public module paths whose code lives in a layer's folder: keras_ddl.callbacks
+# is keras_ddl.keras.callbacks, and so on. They are registered as the same
+# module objects, so `import keras_ddl.callbacks` and `from
+# keras_ddl.optimizers import LARS` keep working, and so does a model saved
+# with a module path of the flat layout (keras_ddl.optimizers.lars).
+# keras_ddl.ops is the older name of keras_ddl.tensorflow.
+_MODULE_ALIASES = {"callbacks": callbacks, "data": data, "optimizers": optimizers,
+                   "optimizers.lars": _lars, "schedules": schedules, "ops": _tensorflow_layer}
+for _alias, _module in _MODULE_ALIASES.items():
+    _sys.modules.setdefault(f"{__name__}.{_alias}", _module)
+ops = _tensorflow_layer
 
 # DDLStrategy uses private TensorFlow APIs and checks the TensorFlow version
 # when loaded, so it is imported on first use.
-_LAZY = {"DDLStrategy": ".strategy", "gather_predictions": ".strategy"}
+_LAZY = {"DDLStrategy": ".keras.strategy", "gather_predictions": ".keras.strategy"}
 
 
 def __getattr__(name):
     import importlib
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    elif name in ("strategy", "bench", "data"):
-        value = importlib.import_module("." + name, __name__)
+    elif name == "strategy":
+        value = importlib.import_module(".keras.strategy", __name__)
     else:
         raise AttributeError(f"module 'keras_ddl' has no attribute '{name}'")
     globals()[name] = value

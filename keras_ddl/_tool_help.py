@@ -17,8 +17,8 @@ import sys
 # Module run with -m -> its function returning the argparse parser, or
 # parsing argv (either prints the help and exits on -h/--help).
 TOOLS = {
-    "keras_ddl.bench": ("keras_ddl.bench.__main__", "parse"),
-    "keras_ddl.cluster": ("keras_ddl.cluster.__main__", "build_parser"),
+    "keras_ddl.bench": ("keras_ddl_tools.bench.__main__", "parse"),
+    "keras_ddl.cluster": ("keras_ddl_tools.cluster.__main__", "build_parser"),
 }
 HELP_FLAGS = ("-h", "--help")
 # The interpreter's options whose value is the next word.

@@ -103,7 +103,7 @@ class Launcher:
     def cluster_env(extra=None):
         """``env`` with the MPI settings the test cluster needs (TCP between
         namespaces), then ``extra``."""
-        from keras_ddl.cluster import MPI_ENV
+        from keras_ddl_tools.cluster import MPI_ENV
         return Launcher.env(dict(MPI_ENV, **(extra or {})))
 
     @staticmethod
@@ -154,7 +154,7 @@ class Launcher:
     def cluster(self, nodes, rate="1gbit"):
         """A cluster of ``nodes`` namespaces for the session (built once);
         skips the test when this machine cannot build one."""
-        from keras_ddl.cluster import NetnsCluster, missing_requirements
+        from keras_ddl_tools.cluster import NetnsCluster, missing_requirements
         reason = missing_requirements()
         if reason:
             pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
@@ -171,7 +171,7 @@ class Launcher:
         node of ``cluster``; returns (CompletedProcess, [(sent, received)]
         bytes each of the cluster's ``counters`` (``link_bytes``: the
         nodes' links, ``uplink_bytes``: the racks' uplinks) moved meanwhile)."""
-        from keras_ddl.cluster import MPI_ENV
+        from keras_ddl_tools.cluster import MPI_ENV
         argv = self.cluster_argv(cluster, ranks_per_node, script, *args)
         read = getattr(cluster, counters)
         before = read()

@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from keras_ddl.bench import allreduce as bench
+from keras_ddl_tools.bench import allreduce as bench
 
 
 def _reference_wrong(result, ranks):

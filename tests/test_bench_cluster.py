@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from keras_ddl.cluster import missing_requirements
+from keras_ddl_tools.cluster import missing_requirements
 
 
 def test_allreduce_cluster_table(launcher, tmp_path):
@@ -76,7 +76,7 @@ def test_fit_cluster_tables_and_timeline(launcher, tmp_path):
 
 
 def test_gradient_table_takes_each_ratio_within_its_launch():
-    from keras_ddl.bench.cluster import _gradient_table
+    from keras_ddl_tools.bench.cluster import _gradient_table
 
     def launch(ddl_us, mpi_us, wrong):
         return [{"method": "grouped", "tensors": "2 tensors, 1.0 MB", "time_us": ddl_us,

@@ -215,7 +215,7 @@ def test_plot_is_skipped_with_a_warning_without_matplotlib(monkeypatch, tmp_path
 
 
 def _run_cli(argv, capsys):
-    from keras_ddl.bench.__main__ import main
+    from keras_ddl_tools.bench.__main__ import main
     main(argv)
     return capsys.readouterr().out
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_ddl as ddl
-from keras_ddl import checkpoint
+from keras_ddl.keras import checkpoint
 
 
 def make_model():

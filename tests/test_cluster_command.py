@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from keras_ddl.cluster import __main__ as cluster_command
+from keras_ddl_tools.cluster import __main__ as cluster_command
 
 
 @pytest.mark.parametrize("command,expected", [

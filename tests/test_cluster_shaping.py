@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from keras_ddl.cluster import ClusterError, NetnsCluster, missing_requirements, parse_burst
+from keras_ddl_tools.cluster import ClusterError, NetnsCluster, missing_requirements, parse_burst
 
 
 @pytest.mark.parametrize("text, expected", [("64k", 65536), ("256KB", 262144), ("1mb", 1 << 20),

@@ -9,7 +9,7 @@ LONG_LINES = 60
 
 
 def ddlrun(launcher, cluster, options, args, timeout=120):
-    from keras_ddl.cluster import MPI_ENV
+    from keras_ddl_tools.cluster import MPI_ENV
     return launcher.ddlrun(4, SCRIPT, *args,
                            options=["-H", ",".join(f"{h}:2" for h in cluster.hosts),
                                     "--launcher-exec", cluster.standin, "--iface",

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi"))
 from fake_gpus import FakeGpus  # noqa: E402
 
-from keras_ddl import gpus  # noqa: E402
+from keras_ddl.common import gpus  # noqa: E402
 
 
 @pytest.fixture

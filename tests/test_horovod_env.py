@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from keras_ddl import horovod_env
+from keras_ddl.common import horovod_env
 
 
 def test_twins_are_converted():

@@ -157,7 +157,7 @@ def test_invalid_arguments_are_clear_errors():
 
 
 def test_buckets_fill_from_the_last_gradient_to_the_first():
-    from keras_ddl.gradient_overlap import plan_buckets
+    from keras_ddl.keras.gradient_overlap import plan_buckets
     sizes = [60, 20, 40, 8, 200, 4]  # bytes of float32 tensors
     tensors = [tf.zeros([n // 4]) for n in sizes]
     assert plan_buckets(tensors, 50) == [[5], [4], [3, 2], [1], [0]]

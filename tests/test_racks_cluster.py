@@ -18,7 +18,7 @@ _RUN = {}
 def racks_run(launcher):
     if "run" in _RUN:
         return _RUN["run"]
-    from keras_ddl.cluster import NetnsCluster, missing_requirements
+    from keras_ddl_tools.cluster import NetnsCluster, missing_requirements
     reason = missing_requirements()
     if reason:
         pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")

@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 import keras_ddl as ddl
-from keras_ddl import basics, op_library, ops
+from keras_ddl.common import basics
+from keras_ddl.tensorflow import library as op_library
 
 
 def test_world_of_one_without_launcher():
@@ -47,7 +48,7 @@ def test_shutdown_then_use_raises_then_reinit():
     ddl.shutdown()
     assert not ddl.is_initialized()
     with pytest.raises(tf.errors.FailedPreconditionError, match="not initialized"):
-        ops.op_library().ddl_allreduce(tf.ones([1]), tf.constant("after.shutdown"), reduce_op=0)
+        op_library.op_library().ddl_allreduce(tf.ones([1]), tf.constant("after.shutdown"), reduce_op=0)
     ddl.init()
     assert ddl.allreduce(tf.ones([2]), op=ddl.Sum).numpy().tolist() == [1.0, 1.0]
 
@@ -56,7 +57,7 @@ def test_op_library_for_another_tensorflow_says_how_to_rebuild(monkeypatch):
     monkeypatch.setattr(op_library, "_lib", None)  # the cached library
     monkeypatch.setattr(basics, "build_info", lambda: {"tensorflow": "2.15.0"})
     with pytest.raises(ImportError) as info:
-        ops.op_library()
+        op_library.op_library()
     msg = str(info.value)
     assert "built for TensorFlow 2.15.0" in msg and tf.__version__ in msg
     assert "pip install --no-build-isolation" in msg
@@ -95,7 +96,7 @@ def test_an_unbuilt_source_tree_first_on_sys_path_uses_the_installed_copy(tmp_pa
     shutil.copytree(os.path.dirname(ddl.__file__), tree,
                     ignore=shutil.ignore_patterns("*.so", "build_info.json", "__pycache__"))
     script = ("import warnings; warnings.simplefilter('always')\n"
-              "import keras_ddl, keras_ddl.basics as b\n"
+              "import keras_ddl, keras_ddl.common.basics as b\n"
               "keras_ddl.init()\n"
               "print('LIB', b.CORE_LIBRARY)\n"
               "print('SUM', keras_ddl.allreduce([1.0, 2.0], op=keras_ddl.Sum).numpy().tolist())\n")
@@ -115,7 +116,7 @@ def test_an_unbuilt_source_tree_first_on_sys_path_uses_the_installed_copy(tmp_pa
     (lambda bad: ddl.broadcast_variables([tf.Variable(1.0)], root_rank=bad), "keras_ddl"),
     (lambda bad: ddl.callbacks.BroadcastGlobalVariablesCallback(root_rank=bad),
      "BroadcastGlobalVariablesCallback"),
-    (lambda bad: ddl.checkpoint.BackupAndRestore("backups", root_rank=bad), "BackupAndRestore"),
+    (lambda bad: ddl.callbacks.BackupAndRestore("backups", root_rank=bad), "BackupAndRestore"),
 ])
 @pytest.mark.parametrize("bad", ["0", 1.0, True])
 def test_a_root_rank_that_is_not_an_int_is_the_same_error_everywhere(call, owner, bad):

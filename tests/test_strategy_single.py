@@ -8,8 +8,8 @@ import tensorflow as tf
 
 import keras
 import keras_ddl as ddl
-from keras_ddl import strategy as strategy_module
-from keras_ddl.strategy import _global_order, shard_global_batches
+from keras_ddl.keras import strategy as strategy_module
+from keras_ddl.keras.strategy import _global_order, shard_global_batches
 
 
 def small_model():

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from keras_ddl.bench import timeline_overlap
+from keras_ddl_tools.bench import timeline_overlap
 
 
 def _events():

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from keras_ddl import _tool_help
-from keras_ddl.cluster.__main__ import build_parser
+from keras_ddl_tools.cluster.__main__ import build_parser
 
 
 @pytest.mark.parametrize("argv", [

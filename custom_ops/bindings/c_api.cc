@@ -6,7 +6,6 @@
 
 #include "../common/reduce_kernels.h"
 #include "../engine/runtime.h"
-#include "../transport/mpi_world.h"
 
 namespace {
 thread_local std::string last_error;
@@ -175,7 +174,7 @@ float ddl_bfloat16_to_float(uint16_t b) { return ddl::BFloat16ToFloat(b); }
 }  // extern "C"
 
 extern "C" int ddl_mpi_library_version(char* out, int capacity) {
-  const std::string version = ddl::MpiLibraryVersion();
+  const std::string version = ddl::TransportLibraryVersion();
   std::strncpy(out, version.c_str(), capacity - 1);
   out[capacity - 1] = '\0';
   return static_cast<int>(version.size());

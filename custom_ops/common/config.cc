@@ -96,7 +96,7 @@ Status Config::FromEnvironment(Config* c) {
   if (!(s = ReadChoice(#var, words, expected, &c->field)).ok()) return s;
 #define DDL_TEXT(var, field, expected, scope) \
   if (const char* value = std::getenv(#var)) c->field = value;
-#include "../../keras_ddl/settings.def"
+#include "settings.def"
 #undef DDL_NUMBER
 #undef DDL_WHOLE
 #undef DDL_CHOICE
@@ -113,7 +113,7 @@ std::vector<std::pair<std::string, std::string>> Config::SharedSettings() const 
   if (scope) out.emplace_back(#var, ShowChoice(words, field));
 #define DDL_TEXT(var, field, expected, scope) \
   if (scope) out.emplace_back(#var, field);
-#include "../../keras_ddl/settings.def"
+#include "settings.def"
 #undef DDL_NUMBER
 #undef DDL_WHOLE
 #undef DDL_CHOICE

@@ -1,7 +1,7 @@
 // The DDL_* environment knobs, parsed and validated once at init. A bad
 // value is an error naming the variable and the value, never a silent default.
-// Each field's variable, range and scope are a row of keras_ddl/settings.def,
-// the table config.cc and the ddlrun launcher both read.
+// Each field's variable, range and scope are a row of settings.def (beside
+// this file), the table config.cc and the ddlrun launcher both read.
 #pragma once
 
 #include <string>

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <mutex>
 
-#include "../transport/mpi_world.h"
+#include "../transport/world.h"
 #include "set_setup.h"
 
 namespace ddl {
@@ -25,7 +25,7 @@ Status Initialize() {
   std::lock_guard<std::mutex> lock(RuntimeMutex());
   if (!Engines().empty() && Engines()[0]) return Status::Ok();
   std::unique_ptr<Group> world;
-  Status s = OpenMpiWorld(&world);
+  Status s = OpenWorld(&world);
   if (!s.ok()) return s;
   std::unique_ptr<Context> ctx;
   s = Context::Create(std::move(world), &ctx);
@@ -145,5 +145,7 @@ void Submit(std::vector<Work> works, int set, bool drive) {
     engine->Enqueue(std::move(works));
   }
 }
+
+std::string TransportLibraryVersion() { return WorldLibraryVersion(); }
 
 }  // namespace ddl

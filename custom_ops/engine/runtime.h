@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine.h"
@@ -32,5 +33,8 @@ std::shared_ptr<Engine> EngineOf(int id, std::string* why);
 // caller blocks until the works are done anyway, so it may run the cycles
 // itself (Engine::EnqueueAndDrive).
 void Submit(std::vector<Work> works, int set = 0, bool drive = false);
+
+// The library under the world's transport (MPI_Get_library_version for MPI).
+std::string TransportLibraryVersion();
 
 }  // namespace ddl

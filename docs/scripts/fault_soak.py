@@ -47,7 +47,7 @@ class Job:
     """One ddlrun launch on the cluster; its output lines, with arrival times."""
 
     def __init__(self, cluster, backup_dir, epochs, result, max_restarts):
-        from keras_ddl.cluster import MPI_ENV
+        from keras_ddl_tools.cluster import MPI_ENV
         argv = [sys.executable, "-m", "keras_ddl_launcher", "-np", "4",
                 "-H", ",".join(f"{h}:2" for h in cluster.hosts),
                 "--launcher-exec", cluster.standin, "--iface", cluster.bridge]
@@ -232,7 +232,7 @@ def main():
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--log-dir", default=".", help="where each run's output is kept")
     args = p.parse_args()
-    from keras_ddl.cluster import NetnsCluster
+    from keras_ddl_tools.cluster import NetnsCluster
     cluster = NetnsCluster(2, "1gbit").up()
     workdir = tempfile.mkdtemp(prefix="fault_soak_")
     passed = 0

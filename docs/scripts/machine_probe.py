@@ -13,8 +13,8 @@ import statistics
 import sys
 import tempfile
 
-from keras_ddl.bench.fit_cluster import _launch
-from keras_ddl.cluster import NetnsCluster
+from keras_ddl_tools.bench.fit_cluster import _launch
+from keras_ddl_tools.cluster import NetnsCluster
 
 ARGS = argparse.Namespace(batch=8, steps=5, reps=2, threads=1, model="resnet50", image_size=128)
 VARIANTS = {

@@ -1,9 +1,3 @@
-"""Try a multi-node topology on one Linux machine: network namespaces with
-shaped links stand in for servers (see netns.py and ``python -m
-keras_ddl.cluster --help``)."""
-
-from .netns import (MPI_ENV, ClusterError, NetnsCluster, find_mpiexec, missing_requirements,
-                    parse_burst, parse_rate)
-
-__all__ = ["NetnsCluster", "ClusterError", "MPI_ENV", "find_mpiexec", "missing_requirements",
-           "parse_burst", "parse_rate"]
+"""``python -m keras_ddl.cluster``: the command's name only. The test cluster
+of network namespaces lives in ``keras_ddl_tools.cluster``, which the runtime
+never imports; this package just runs it."""

@@ -7,7 +7,7 @@ and ``ProcessSet.rank()`` is the index in the set.
 """
 
 import keras_ddl as ddl
-from keras_ddl import basics
+from keras_ddl.common import basics
 
 
 class ProcessSet(ddl.ProcessSet):

@@ -221,8 +221,8 @@ def topology_env(hosts, racks, source):
 
 
 def check_setting(option, variable, value):
-    """The range of `variable` in keras_ddl/settings.def, the table the core
-    reads too."""
+    """The range of `variable` in the settings table (custom_ops/common/
+    settings.def), which the core compiles too."""
     if not settings.valid(variable, value):
         s = settings.SETTINGS[variable]
         bounds = f">= {s.low:g}" if s.high >= 1e9 else f"in [{s.low:g}, {s.high:g}]"

@@ -1,13 +1,21 @@
-"""The DDL_* settings table (keras_ddl/settings.def) as the launcher needs
-it: each variable's range or choices, read without TensorFlow or the
+"""The DDL_* settings table (custom_ops/common/settings.def) as the launcher
+needs it: each variable's range or choices, read without TensorFlow or the
 core's library. The core compiles the same file (custom_ops/common/
-config.cc), so ddlrun's checks and the core's cannot drift apart."""
+config.cc), so ddlrun's checks and the core's cannot drift apart. The build
+copies it beside the compiled libraries in the package; a source checkout
+reads it where it is."""
 
 import os
 import re
 from collections import namedtuple
 
-TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "settings.def")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Installed: the build's copy beside the libraries. A source checkout that
+# was not built in place: the table itself.
+TABLE = next((p for p in (os.path.join(_PACKAGE, "settings.def"),
+                          os.path.join(os.path.dirname(_PACKAGE), "custom_ops", "common",
+                                       "settings.def")) if os.path.exists(p)),
+             os.path.join(_PACKAGE, "settings.def"))
 
 # kind: "number", "whole", "choice" or "text"; low and high bound a number;
 # choices lists a choice's words; shared: every rank must use the same value.

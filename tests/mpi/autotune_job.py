@@ -73,7 +73,7 @@ def main():
     if ddl.allreduce_algorithm() != want_algorithm:
         problems.append(f"allreduce algorithm {ddl.allreduce_algorithm()}, not {want_algorithm}")
     rng = np.random.default_rng(100 + RANK)
-    from keras_ddl import basics
+    from keras_ddl.common import basics
     in_force = (ctypes.c_double * 2)()
     sequence = []  # the fusion threshold and cycle time in force after each call
     fp16_calls = 0  # calls whose result is the fp16-uplink rounding

@@ -9,7 +9,7 @@ import time
 from harness import report
 from mpi4py import MPI
 
-from keras_ddl import basics
+from keras_ddl.common import basics
 
 BAD_VALUES = [
     ("DDL_FUSION_THRESHOLD_MB", "lots"),

@@ -10,7 +10,7 @@ import sys
 from harness import report
 from mpi4py import MPI
 
-from keras_ddl import basics
+from keras_ddl.common import basics
 
 # (variable, value on the other ranks, value on the last rank, as printed).
 SHARED = [

@@ -13,7 +13,7 @@ import warnings
 from fake_gpus import FakeGpus
 from harness import report
 
-from keras_ddl import basics
+from keras_ddl.common import basics
 
 FAKE_GPU_COUNT = 4
 

@@ -21,7 +21,7 @@ from harness import report
 from mpi4py import MPI
 
 import keras_ddl as ddl
-from keras_ddl import basics
+from keras_ddl.common import basics
 
 COMM = MPI.COMM_WORLD
 RANK = COMM.Get_rank()

@@ -558,7 +558,7 @@ def batchnorm_moving_statistics_are_averaged_once_per_step():
             keras.layers.Dense(8), keras.layers.BatchNormalization(momentum=momentum),
             keras.layers.Dense(CLASSES)])
 
-    import keras_ddl.strategy as strategy_module
+    import keras_ddl.keras.strategy as strategy_module
     calls = []
     real_allreduce, real_grouped = strategy_module.ddl_ops.allreduce, \
         strategy_module.ddl_ops.grouped_allreduce

@@ -14,10 +14,10 @@ in Horovod.
 import tensorflow as tf
 
 import keras_ddl as ddl
-from keras_ddl.basics import (cross_rank, cross_size, is_initialized, local_rank,  # noqa: F401
+from keras_ddl.common.basics import (cross_rank, cross_size, is_initialized, local_rank,  # noqa: F401
                               local_size, rank, shutdown, size)
-from keras_ddl.op_arguments import Average, Max, Min, Product, Sum  # noqa: F401
-from keras_ddl.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from keras_ddl.tensorflow.arguments import Average, Max, Min, Product, Sum  # noqa: F401
+from keras_ddl.keras.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F401
                       ccl_built, check_compression, check_process_set, check_session,

@@ -19,9 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 import keras_ddl as ddl
-from keras_ddl import basics, process_sets
-from keras_ddl.op_arguments import Average, Sum
-from keras_ddl.op_naming import auto_name
+from keras_ddl.common import basics, process_sets
+from keras_ddl.tensorflow.arguments import Average, Sum
+from keras_ddl.tensorflow.naming import auto_name
 
 
 def as_attr(factor, argument):

@@ -15,9 +15,9 @@ so they pair up across ranks whatever else each rank traced.
 import tensorflow as tf
 
 import keras_ddl as ddl
-from keras_ddl import process_sets
-from keras_ddl.op_arguments import Average, Sum
-from keras_ddl.op_naming import auto_name
+from keras_ddl.common import process_sets
+from keras_ddl.tensorflow.arguments import Average, Sum
+from keras_ddl.tensorflow.naming import auto_name
 
 from . import _arithmetic
 

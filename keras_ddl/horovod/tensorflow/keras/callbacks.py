@@ -1,7 +1,7 @@
 """`horovod.tensorflow.keras.callbacks` over keras_ddl.callbacks (Horovod's
 argument names and order; `device` is accepted and ignored)."""
 
-from keras_ddl import callbacks as _ddl_callbacks
+from keras_ddl.keras import callbacks as _ddl_callbacks
 
 
 class BroadcastGlobalVariablesCallback(_ddl_callbacks.BroadcastGlobalVariablesCallback):

@@ -6,10 +6,10 @@ Each gradient is itself a collective, named after its forward collective
 
 import tensorflow as tf
 
-from . import process_sets
-from .op_arguments import Average, ReduceOp, Sum
-from .op_library import op_library
-from .op_naming import _grad_name_input
+from ..common import process_sets
+from .arguments import Average, ReduceOp, Sum
+from .library import op_library
+from .naming import _grad_name_input
 
 
 @tf.RegisterGradient("DdlAllreduce")

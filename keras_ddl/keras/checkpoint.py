@@ -30,10 +30,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import _private_api, basics
-from ._validation import check_rank_argument
-from .collectives import broadcast
-from .variable_broadcast import broadcast_variables
+from ..tensorflow import private_api
+from ..common import basics
+from ..common.validation import check_rank_argument
+from ..tensorflow.collectives import broadcast
+from ..tensorflow.variable_broadcast import broadcast_variables
 
 __all__ = ["BackupAndRestore"]
 
@@ -197,11 +198,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         if epoch > 0:
             # Keras' own BackupAndRestore resumes the same way: fit reads this
             # attribute after on_train_begin.
-            _private_api.set_initial_epoch(self.model, epoch)
+            private_api.set_initial_epoch(self.model, epoch)
 
     def on_train_end(self, logs=None):
         # A later fit on this model starts where its caller says again.
-        _private_api.set_initial_epoch(self.model, None)
+        private_api.set_initial_epoch(self.model, None)
 
     # ------------------------------------------------------------ save
 

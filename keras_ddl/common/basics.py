@@ -13,7 +13,8 @@ import os
 import re
 import threading
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# The build puts its outputs in the package's top directory, one above this.
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE_LIBRARY = os.path.join(_HERE, "libddl_core.so")
 OPS_LIBRARY = os.path.join(_HERE, "ddl_tf_ops.so")
 BUILD_INFO = os.path.join(_HERE, "build_info.json")

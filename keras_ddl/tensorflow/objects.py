@@ -15,10 +15,10 @@ import pickle
 import numpy as np
 import tensorflow as tf
 
-from . import basics, process_sets
+from ..common import basics, process_sets
 from .collectives import allgather, broadcast
-from .op_arguments import _check_root
-from .op_naming import auto_name
+from .arguments import _check_root
+from .naming import auto_name
 
 
 def _eagerly(function):

@@ -11,8 +11,8 @@ import numbers
 
 import tensorflow as tf
 
-from . import basics
-from ._validation import check_rank_argument
+from ..common import basics
+from ..common.validation import check_rank_argument
 
 
 class ReduceOp(enum.IntEnum):

@@ -110,7 +110,7 @@ def preprocess(image_bytes, image_size, training, dtype=tf.float32, seed=None):
 
 def _rank_size(rank, size):
     if rank is None or size is None:
-        from . import basics
+        from ..common import basics
         rank = basics.rank() if rank is None else rank
         size = basics.size() if size is None else size
     return rank, size

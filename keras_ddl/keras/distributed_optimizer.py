@@ -11,16 +11,17 @@ process then makes the same update, bit for bit.
 """
 
 import contextlib
-import sys
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from . import _private_api, basics, loss_scale
-from .compression import Compression
+from ..tensorflow import private_api
+from ..common import basics
+from . import loss_scale
+from ..tensorflow.compression import Compression
 from .gradient_overlap import check_overlap_args, reduce_tensors
-from .op_arguments import Average, ReduceOp, Sum, densify
+from ..tensorflow.arguments import Average, ReduceOp, Sum, densify
 
 _COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
@@ -121,11 +122,10 @@ def _refuse_under_ddl_strategy(what):
     """A DDLStrategy already sums the gradients across ranks: averaging them
     again here would be wrong twice over (double communication, and a
     gradient scaled by 1 / size once too often for a custom loss)."""
-    module = sys.modules.get("keras_ddl.strategy")  # no strategy made: nothing to check
-    if module is None or not tf.distribute.has_strategy():
+    if not tf.distribute.has_strategy():
         return
-    strategy = tf.distribute.get_strategy()
-    if isinstance(strategy, module.DDLStrategy):
+    extended = tf.distribute.get_strategy().extended
+    if getattr(extended, "sums_gradients_across_ranks", False):
         raise ValueError(
             f"keras_ddl: {what} cannot be used under DDLStrategy.scope() (or in a model "
             "compiled there): the strategy already sums every gradient across ranks, so the "
@@ -138,7 +138,7 @@ def _refuse_under_ddl_strategy(what):
 
 def _check_not_xla():
     # The collectives are TensorFlow custom ops without XLA kernels.
-    if _private_api.in_xla_context():
+    if private_api.in_xla_context():
         raise ValueError(
             "keras_ddl: DistributedOptimizer cannot run inside XLA (jit_compile=True): its "
             "allreduce is a custom TensorFlow op. Compile the model with "
@@ -351,6 +351,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         is_local = [id(v) in self._local_variable_ids for v in variables]
         return reduce_gradients_except_local(grads, is_local, self.scale_local_gradients,
                                              **kwargs)
+
+    def reduce_ahead_of_loss_scale(self, grads, trainable_variables):
+        """For ``loss_scale``: the gradients reduced across ranks and the
+        block in which ``apply`` takes them as reduced, or None when this
+        optimizer reduces only every k-th step (gradient accumulation); the
+        ranks then agree on the finiteness check instead."""
+        if self.accumulation_steps != 1:
+            return None
+        return self._reduce(grads, trainable_variables), self._gradients_reduced_by_caller()
 
     @contextlib.contextmanager
     def _gradients_reduced_by_caller(self):

@@ -28,15 +28,20 @@ reduces first), is left exactly as Keras does it.
 """
 
 import contextlib
-import sys
 import threading
 
 import keras
 import tensorflow as tf
 
-from . import basics
-from .collectives import allreduce
-from .op_arguments import Min
+from ..common import basics
+from ..tensorflow.collectives import allreduce
+from ..tensorflow.arguments import Min
+
+# The method by which an optimizer or a strategy reduces gradients for a
+# LossScaleOptimizer around it: (grads, variables) -> (reduced grads, a
+# context manager in which they are taken as reduced), or None when the
+# ranks must agree on the finiteness check instead.
+REDUCE_AHEAD = "reduce_ahead_of_loss_scale"
 
 _local = threading.local()
 _install_lock = threading.Lock()
@@ -58,44 +63,35 @@ def _agreed(finite):
     return tf.cast(flag, tf.bool)
 
 
-def _distributed_inner(optimizer):
-    """The DistributedOptimizer a LossScaleOptimizer wraps (through other
-    LossScaleOptimizers), or None."""
-    from .optimizer import DistributedOptimizer
+def _reducer(optimizer):
+    """What reduces this LossScaleOptimizer's gradients across ranks and can
+    do it ahead of the finiteness check: its inner optimizer (through other
+    LossScaleOptimizers), else the running replica strategy's extended
+    object; None when neither offers ``reduce_ahead_of_loss_scale``
+    (DistributedOptimizer and DDLStrategy do)."""
     inner = optimizer.inner_optimizer
     while isinstance(inner, keras.optimizers.LossScaleOptimizer):
         inner = inner.inner_optimizer
-    return inner if isinstance(inner, DistributedOptimizer) else None
-
-
-def _ddl_replica_strategy():
-    """The DDLStrategy whose replica function is running, or None."""
-    module = sys.modules.get("keras_ddl.strategy")
-    if module is None:
-        return None
-    context = tf.distribute.get_replica_context()
-    strategy = getattr(context, "strategy", None)
-    return strategy if isinstance(strategy, module.DDLStrategy) else None
+    if hasattr(inner, REDUCE_AHEAD):
+        return inner
+    strategy = getattr(tf.distribute.get_replica_context(), "strategy", None)
+    extended = getattr(strategy, "extended", None)
+    return extended if hasattr(extended, REDUCE_AHEAD) else None
 
 
 def _apply(original, optimizer, grads, trainable_variables):
     if basics.size() == 1:
         return original(optimizer, grads, trainable_variables)
-    grads = list(grads)
-    distributed = _distributed_inner(optimizer)
-    if distributed is not None:
-        if distributed.accumulation_steps == 1:
-            reduced = distributed._reduce(grads, trainable_variables)
-            with distributed._gradients_reduced_by_caller():
-                return original(optimizer, reduced, trainable_variables)
+    reducer = _reducer(optimizer)
+    if reducer is None:
+        return original(optimizer, grads, trainable_variables)
+    ahead = getattr(reducer, REDUCE_AHEAD)(list(grads), trainable_variables)
+    if ahead is None:
         with _agreeing_on_finiteness():
             return original(optimizer, grads, trainable_variables)
-    strategy = _ddl_replica_strategy()
-    if strategy is not None:
-        reduced = strategy.extended.sum_gradients(grads)
-        with strategy.extended.gradients_already_summed():
-            return original(optimizer, reduced, trainable_variables)
-    return original(optimizer, grads, trainable_variables)
+    reduced, taken_as_reduced = ahead
+    with taken_as_reduced:
+        return original(optimizer, reduced, trainable_variables)
 
 
 def install():

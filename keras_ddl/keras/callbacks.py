@@ -23,12 +23,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import _private_api, basics
-from ._validation import check_rank_argument
+from ..tensorflow import private_api
+from ..common import basics
+from ..common.validation import check_rank_argument
 from .checkpoint import BackupAndRestore
-from .collectives import allreduce, join
-from .op_arguments import Average
-from .variable_broadcast import broadcast_variables
+from ..tensorflow.collectives import allreduce, join
+from ..tensorflow.arguments import Average
+from ..tensorflow.variable_broadcast import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "JoinCallback", "MetricAverageCallback",
            "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BackupAndRestore",
@@ -429,7 +430,7 @@ _BATCH_END_HOOKS = ("on_batch_end", "on_train_batch_end", "on_test_batch_end",
                     "on_predict_batch_end")
 
 
-@_private_api.mark_default_hook
+@private_api.mark_default_hook
 def _default_noop(*args, **kwargs):
     return None
 
@@ -444,7 +445,7 @@ class _OnRank(keras.callbacks.Callback):
         self.active = basics.rank() == rank
         self.async_safe = getattr(callback, "async_safe", False)
         for hook in _BATCH_END_HOOKS:
-            if not self.active or _private_api.is_default_hook(getattr(callback, hook, None)):
+            if not self.active or private_api.is_default_hook(getattr(callback, hook, None)):
                 setattr(self, hook, _default_noop)
 
     def set_model(self, model):

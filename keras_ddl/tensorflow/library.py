@@ -10,7 +10,7 @@ import threading
 
 import tensorflow as tf
 
-from . import basics
+from ..common import basics
 
 
 _lib = None

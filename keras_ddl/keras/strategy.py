@@ -15,7 +15,7 @@ batch B train like one process with batch N*B. See docs/strategy.md for the
 user-facing contract.
 
 This module holds most of keras_ddl's private TensorFlow (and Keras) API
-use; ``_private_api.py`` lists every private touchpoint of the package. They
+use; ``private_api.py`` lists every private touchpoint of the package. They
 were tested with the versions in ``TESTED_TENSORFLOW`` and ``TESTED_KERAS``;
 any other version gets a warning when a strategy is made. What is private
 here, and why:
@@ -59,8 +59,10 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from . import basics, loss_scale
-from . import ops as ddl_ops
+from ..common import basics
+from . import loss_scale
+from ..tensorflow import arguments, collectives
+from ..tensorflow.compression import Compression
 from .gradient_overlap import check_overlap_args, reduce_tensors
 
 TESTED_TENSORFLOW = ("2.21",)
@@ -80,9 +82,9 @@ except ImportError as _error:  # an untested TensorFlow reorganised its modules
 _SUM = tf.distribute.ReduceOp.SUM
 _MEAN = tf.distribute.ReduceOp.MEAN
 # Bool reduces (logical or / and) but has no MEAN: the strategy leaves it alone.
-_REDUCIBLE = frozenset(ddl_ops.SUPPORTED_DTYPES) - {tf.bool}
+_REDUCIBLE = frozenset(arguments.SUPPORTED_DTYPES) - {tf.bool}
 # Dtypes the broadcast op does not take, moved as same-width supported ones.
-_MOVABLE = frozenset(ddl_ops.MOVABLE_DTYPES)
+_MOVABLE = frozenset(arguments.MOVABLE_DTYPES)
 
 _variable_numbers = itertools.count()
 _presummed = threading.local()  # see _DDLExtended.gradients_already_summed
@@ -142,7 +144,7 @@ def _as_tensor(value):
 
 
 def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None,
-                   compression=ddl_ops.Compression.none):
+                   compression=Compression.none):
     """All-reduces a list of tensors across ranks.
 
     Floating tensors go in one grouped allreduce (one negotiation, fused), or,
@@ -161,8 +163,8 @@ def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None,
     floats, ints = [], []
     for i, v in enumerate(values):
         if isinstance(v, tf.IndexedSlices):
-            op = ddl_ops.Average if reduce_op == _MEAN else ddl_ops.Sum
-            out[i] = ddl_ops.allreduce(v, op=op)
+            op = arguments.Average if reduce_op == _MEAN else arguments.Sum
+            out[i] = collectives.allreduce(v, op=op)
         elif v.dtype.is_floating:
             floats.append(i)
         elif v.dtype in _REDUCIBLE:
@@ -171,9 +173,9 @@ def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None,
             raise TypeError(f"keras_ddl: DDLStrategy cannot reduce a {v.dtype.name} tensor "
                             f"across ranks (supported: float and integer tensors)")
     if floats:
-        op = ddl_ops.Average if reduce_op == _MEAN else ddl_ops.Sum
+        op = arguments.Average if reduce_op == _MEAN else arguments.Sum
         if len(floats) == 1:
-            out[floats[0]] = ddl_ops.allreduce(values[floats[0]], op=op,
+            out[floats[0]] = collectives.allreduce(values[floats[0]], op=op,
                                                compression=compression)
         else:
             reduced = reduce_tensors([values[i] for i in floats], op, overlap=overlap,
@@ -181,7 +183,7 @@ def _allreduce_all(values, reduce_op, overlap=False, bucket_bytes=None,
             for i, r in zip(floats, reduced):
                 out[i] = r
     if ints:
-        summed = ddl_ops.grouped_allreduce([values[i] for i in ints], op=ddl_ops.Sum)
+        summed = collectives.grouped_allreduce([values[i] for i in ints], op=arguments.Sum)
         for i, r in zip(ints, summed):
             # MEAN of integers: true division, as tf.distribute does
             out[i] = r / basics.size() if reduce_op == _MEAN else r
@@ -192,7 +194,7 @@ def _broadcast_any(value, name):
     """Rank 0's ``value`` on every rank, for any dtype a variable can have."""
     dtype = value.dtype
     if dtype in _MOVABLE:
-        return ddl_ops.broadcast(value, 0, name=name)
+        return collectives.broadcast(value, 0, name=name)
     _warn_once(("broadcast", dtype.name),
                f"keras_ddl: variables of dtype {dtype.name} are not broadcast from rank 0 "
                "(no wire format); make sure every rank initialises them identically.")
@@ -212,9 +214,9 @@ def _gather_along(value, axis):
         raise ValueError("keras_ddl: gather needs a tensor of known rank >= 1")
     axis = axis % rank
     if axis == 0:
-        return ddl_ops.allgather(value)
+        return collectives.allgather(value)
     perm = [axis] + [d for d in range(rank) if d != axis]
-    gathered = ddl_ops.allgather(tf.transpose(value, perm))
+    gathered = collectives.allgather(tf.transpose(value, perm))
     return tf.transpose(gathered, np.argsort(perm).tolist())
 
 
@@ -240,8 +242,8 @@ class _SyncedVariableMixin:
         if mode == "sum":
             if kind == "assign":  # the deltas from the common old value add up
                 old = self.read_value()
-                return old + ddl_ops.allreduce(value - old, op=ddl_ops.Sum)
-            return ddl_ops.allreduce(value, op=ddl_ops.Sum)
+                return old + collectives.allreduce(value - old, op=arguments.Sum)
+            return collectives.allreduce(value, op=arguments.Sum)
         if mode == "step_mean":
             step = getattr(_step_means, "pending", None)
             if step is not None and kind == "assign":
@@ -249,7 +251,7 @@ class _SyncedVariableMixin:
                 return None
             mode = "mean"
         if mode == "mean":
-            return ddl_ops.allreduce(value, op=ddl_ops.Average)
+            return collectives.allreduce(value, op=arguments.Average)
         return _broadcast_any(value, None)  # "first": rank 0's value
 
     def assign(self, value, use_locking=None, name=None, read_value=True):
@@ -289,8 +291,8 @@ def _average_step_assignments(pending):
     if not pending:
         return
     variables = list(pending.values())  # traced in program order: the same on every rank
-    averaged = ddl_ops.grouped_allreduce([v.read_value() for v in variables],
-                                         op=ddl_ops.Average)
+    averaged = collectives.grouped_allreduce([v.read_value() for v in variables],
+                                         op=arguments.Average)
     for variable, value in zip(variables, averaged):
         super(_SyncedVariableMixin, variable).assign(value)
 
@@ -447,8 +449,12 @@ class _DDLReplicaContext(tf.distribute.ReplicaContext):
 class _DDLExtended(_ExtendedBase):
     """One local device per process; reductions go across processes."""
 
+    # DistributedOptimizer and DistributedGradientTape refuse to reduce the
+    # gradients again under a strategy that says this.
+    sums_gradients_across_ranks = True
+
     def __init__(self, container_strategy, device, overlap_gradients, bucket_bytes,
-                 compression=ddl_ops.Compression.none):
+                 compression=Compression.none):
         super().__init__(container_strategy, device)
         self._rank = basics.rank()
         self._size = basics.size()
@@ -511,6 +517,13 @@ class _DDLExtended(_ExtendedBase):
         for i, s in zip(present, summed):
             grads[i] = s
         return grads
+
+    def reduce_ahead_of_loss_scale(self, grads, trainable_variables):
+        """The gradients summed across ranks, and the block in which the
+        optimizer takes them as summed: the protocol ``loss_scale`` uses so
+        that every rank's finiteness check sees the same gradients."""
+        del trainable_variables
+        return self.sum_gradients(grads), self.gradients_already_summed()
 
     @staticmethod
     @contextlib.contextmanager
@@ -641,7 +654,7 @@ class DDLStrategy(tf.distribute.Strategy):
     """
 
     def __init__(self, device=None, rank_zero_callbacks=True, overlap_gradients=True,
-                 bucket_mb=None, compression=ddl_ops.Compression.none):
+                 bucket_mb=None, compression=Compression.none):
         if _PRIVATE_IMPORT_ERROR is not None:
             raise ImportError(
                 f"keras_ddl.DDLStrategy needs TensorFlow internals missing from TensorFlow "
@@ -649,7 +662,7 @@ class DDLStrategy(tf.distribute.Strategy):
                 f"{_PRIVATE_IMPORT_ERROR}")
         _check_versions()
         overlap, bucket_bytes = check_overlap_args(overlap_gradients, bucket_mb, "DDLStrategy")
-        if not isinstance(compression, ddl_ops.Compression._Cast):
+        if not isinstance(compression, Compression._Cast):
             raise ValueError("keras_ddl: DDLStrategy(compression=...) must be "
                              "ddl.Compression.none, .fp16 or .bf16, got " + repr(compression))
         basics.init()
@@ -715,8 +728,8 @@ def _gather_rows(array):
     array = np.asarray(array)
     if basics.size() == 1:
         return array, [len(array)]
-    counts = ddl_ops.allgather(tf.constant([len(array)], tf.int64)).numpy().tolist()
-    return ddl_ops.allgather(tf.constant(array)).numpy(), counts
+    counts = collectives.allgather(tf.constant([len(array)], tf.int64)).numpy().tolist()
+    return collectives.allgather(tf.constant(array)).numpy(), counts
 
 
 def _global_order(counts, batch_size):

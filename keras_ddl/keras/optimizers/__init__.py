@@ -1,5 +1,5 @@
 """Optimizers for large-batch data-parallel training."""
 
-from keras_ddl.optimizers.lars import LARS
+from .lars import LARS
 
 __all__ = ["LARS"]

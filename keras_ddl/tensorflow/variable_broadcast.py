@@ -4,15 +4,16 @@ import itertools
 
 import tensorflow as tf
 
-from . import _private_api, basics
+from . import private_api
+from ..common import basics
 from .collectives import broadcast
-from .op_arguments import _check_root
-from .op_naming import auto_name
+from .arguments import _check_root
+from .naming import auto_name
 
 
 # AutoGraph leaves broadcast_ alone, as it does the collectives (see
 # collectives.py).
-_not_converted = _private_api.skip_autograph
+_not_converted = private_api.skip_autograph
 
 
 _broadcast_calls = itertools.count()

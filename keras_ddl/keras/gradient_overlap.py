@@ -31,8 +31,8 @@ import numbers
 
 import tensorflow as tf
 
-from .collectives import allreduce, grouped_allreduce
-from .compression import Compression
+from ..tensorflow.collectives import allreduce, grouped_allreduce
+from ..tensorflow.compression import Compression
 
 
 def check_overlap_args(overlap_gradients, bucket_mb, owner):

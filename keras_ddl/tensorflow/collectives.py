@@ -9,20 +9,21 @@ a collective of the same name. Their gradients are registered by
 
 import tensorflow as tf
 
-from . import _private_api, basics, process_sets
-from . import collective_gradients  # noqa: F401  (registers the ops' gradients)
+from . import private_api
+from ..common import basics, process_sets
+from . import gradients  # noqa: F401  (registers the ops' gradients)
 from .compression import Compression
-from .op_arguments import (Average, ReduceOp, Sum, _check_factor, _check_root, _check_tensor,
+from .arguments import (Average, ReduceOp, Sum, _check_factor, _check_root, _check_tensor,
                            _from_wire, _splits_input, _to_tensor, _to_wire)
-from .op_library import op_library
-from .op_naming import _name_input, auto_name
+from .library import op_library
+from .naming import _name_input, auto_name
 
 
 # The public ops are plain Python around their op calls: AutoGraph has
 # nothing to convert in them, yet inside a user's tf.function it would
 # re-read and convert their source at every trace (and the public
 # do_not_convert costs a wrapper per eager call).
-_not_converted = _private_api.skip_autograph
+_not_converted = private_api.skip_autograph
 
 
 def scale(tensor, factor):

@@ -3,9 +3,9 @@
 import keras
 import tensorflow as tf
 
-from . import basics
-from .collectives import allreduce
-from .op_arguments import Sum
+from ..common import basics
+from ..tensorflow.collectives import allreduce
+from ..tensorflow.arguments import Sum
 
 
 def _drop_keras2_arguments(kwargs):
