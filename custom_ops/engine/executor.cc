@@ -43,7 +43,7 @@ std::vector<AutotuneSetting> SettingCandidates(const Config& config) {
   };
   for (double mb : {4.0, 16.0, 64.0}) add({mb, configured.cycle_time_ms});
   for (double ms : {configured.cycle_time_ms / 2, configured.cycle_time_ms * 2, 5.0}) {
-    // The range DDL_CYCLE_TIME_MS accepts (keras_ddl/settings.def).
+    // The range DDL_CYCLE_TIME_MS accepts (common/settings.def).
     if (ms >= 0.01 && ms <= 10000) add({configured.fusion_threshold_mb, ms});
   }
   return out;

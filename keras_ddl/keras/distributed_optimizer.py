@@ -5,7 +5,7 @@ Both work without any `tf.distribute` strategy: every process runs the same
 single-process Keras script on its own shard of the data, and the gradients
 are averaged across processes before the wrapped optimizer applies them. By
 default each gradient's allreduce starts as soon as backprop has produced
-that gradient (see `keras_ddl.gradient_overlap`). Starting from the same
+that gradient (see `keras_ddl.keras.gradient_overlap`). Starting from the same
 weights (see `keras_ddl.callbacks.BroadcastGlobalVariablesCallback`), every
 process then makes the same update, bit for bit.
 """
@@ -188,7 +188,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     finite, so every rank decides the same and skips the same steps (with
     `gradient_accumulation_steps > 1` inside a `LossScaleOptimizer`, the
     ranks agree on the check instead: a micro-batch non-finite on any rank
-    is skipped on all). See `keras_ddl.loss_scale`.
+    is skipped on all). See `keras_ddl.keras.loss_scale`.
 
     Not under `DDLStrategy`: the strategy already sums the gradients, so
     creating this optimizer in its scope, or using it in a model compiled

@@ -10,7 +10,7 @@ Every process is one replica; ``num_replicas_in_sync == ddl.size()``. Keras 3
 scales each replica's loss by ``1 / num_replicas_in_sync`` and asks the
 replica context to SUM the gradients; here that sum goes through keras_ddl's
 allreduce (by default one op per gradient, which starts as soon as backprop
-has produced it: ``keras_ddl.gradient_overlap``), so N ranks with per-rank
+has produced it: ``keras_ddl.keras.gradient_overlap``), so N ranks with per-rank
 batch B train like one process with batch N*B. See docs/strategy.md for the
 user-facing contract.
 
@@ -37,7 +37,7 @@ How the replicas stay identical:
 * Trainable variables are updated by the optimizer from all-reduced
   gradients, so every rank computes the same update. Under ``mixed_float16``
   the gradients are summed before Keras' loss-scale optimizer checks them
-  (``keras_ddl.loss_scale``), so every rank skips the same steps.
+  (``keras_ddl.keras.loss_scale``), so every rank skips the same steps.
 * Metric variables (``synchronization=ON_READ``): an update made inside
   ``strategy.run`` is all-reduced as it happens (the deltas are summed for
   ``aggregation=SUM``), so every rank holds the global state and every

@@ -3,7 +3,7 @@
 Thin wrappers over the C++ ops in ``ddl_tf_ops.so``; each op enqueues its
 tensor in the background engine and completes when every rank has offered
 a collective of the same name. Their gradients are registered by
-``collective_gradients`` (imported here), so the ops work inside
+``gradients`` (imported here), so the ops work inside
 ``tf.GradientTape`` and ``tf.function``.
 """
 

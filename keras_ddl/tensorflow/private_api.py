@@ -11,23 +11,23 @@ raises a clear error if its touchpoint moves, never an AttributeError from
 deep inside Keras):
 
 * ``tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext``:
-  ``in_xla_context``, used by ``optimizer.py`` to refuse ``jit_compile=True``
+  ``in_xla_context``, used by ``keras/distributed_optimizer.py`` to refuse ``jit_compile=True``
   with a readable message (the collectives have no XLA kernels).
 * ``Model._initial_epoch`` (Keras 3 trainers): ``set_initial_epoch``, used by
-  ``checkpoint.py``'s BackupAndRestore to resume ``fit`` at the restored
+  ``keras/checkpoint.py``'s BackupAndRestore to resume ``fit`` at the restored
   epoch, as Keras' own BackupAndRestore does.
 * The ``_is_default`` mark that ``keras.callbacks.CallbackList`` reads on a
-  hook: ``is_default_hook`` / ``mark_default_hook``, used by ``callbacks.py``
+  hook: ``is_default_hook`` / ``mark_default_hook``, used by ``keras/callbacks.py``
   (``on_rank``) so that wrapped callbacks keep Keras' fast path for hooks
   they do not override.
 * ``tensorflow.python.autograph.impl.api.autograph_artifact``:
   ``skip_autograph``, used by ``collectives.py`` and ``variable_broadcast.py``
   (``broadcast_``) so AutoGraph leaves the collective wrappers alone without
-  the public decorator's per-call cost. (``ops.py`` only re-exports them.)
+  the public decorator's per-call cost. 
 
 Used in place, because they are the extension points themselves:
 
-* ``strategy.py`` (DDLStrategy; its own docstring details each):
+* ``keras/strategy.py`` (DDLStrategy; its own docstring details each):
   ``tensorflow.python.distribute.one_device_strategy.OneDeviceExtended`` as
   the base of the extended object and its ``_create_variable``,
   ``_call_for_each_replica``, ``_reduce_to``, ``_batch_reduce_to``,
@@ -42,17 +42,17 @@ Used in place, because they are the extension points themselves:
   was built under there) and, on the other ranks, clears the list's
   ``_progbar`` (its own reference to the ProgbarLogger it adds) along with
   the dropped progress bar.
-* ``sync_batch_norm.py``: overrides ``BatchNormalization._moments`` and reads
+* ``keras/sync_batch_norm.py``: overrides ``BatchNormalization._moments`` and reads
   ``self._reduction_axes``, the one place Keras computes batch statistics;
   the override sums them over ranks before the normalisation.
 * ``optimizers/lars.py``: overrides ``Optimizer._apply_weight_decay`` (LARS
   couples weight decay into its trust ratio, so the base class must not apply
   it again) and calls ``_use_weight_decay`` and ``_get_variable_index``, as
   Keras' own optimizers (``sgd.py``, ``lamb.py``) do.
-* ``optimizer.py``: DistributedOptimizer reads ``self._trainable_variables``
+* ``keras/distributed_optimizer.py``: DistributedOptimizer reads ``self._trainable_variables``
   and calls ``_get_variable_index`` (the Keras base class's variable index)
   to match gradients to accumulators and to locally-reduced variables.
-* ``loss_scale.py``: wraps the public ``LossScaleOptimizer.apply`` and
+* ``keras/loss_scale.py``: wraps the public ``LossScaleOptimizer.apply`` and
   ``check_finite`` and relies on Keras calling the second from the first;
   its tests fail if that changes.
 """
