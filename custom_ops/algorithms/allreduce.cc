@@ -4,28 +4,11 @@
 #include <cstring>
 
 #include "../common/reduce_kernels.h"
+#include "chain_allreduce.h"
 #include "pairwise.h"
 #include "../transport/tags.h"
 
 namespace ddl {
-
-namespace {
-
-
-// Up to this many bytes sent per rank, one round of messages beats the
-// pairwise reduce-scatter and ring all-gather (ranks rounds): over TCP a
-// round costs tens of microseconds, 64 KB at 10 Gbit/s about fifty. With
-// two ranks both send the same bytes; the ring's second round is saved
-// (2 nodes at 1 Gbit/s: 4-16 KB calls 15-25% faster, equal at 64 KB).
-constexpr size_t kDirectExchangeBytes = 64 << 10;
-
-bool DirectExchangeSuits(int ranks, size_t bytes) {
-  return static_cast<size_t>(ranks - 1) * bytes <= kDirectExchangeBytes;
-}
-
-bool AlwaysSuits(int, size_t) { return true; }
-
-}  // namespace
 
 void DirectExchangeAllreduce(Transport& t, void* buffer, int64_t count, DataType dtype,
                              ReduceOp op) {
@@ -62,20 +45,31 @@ void DirectExchangeAllreduce(Transport& t, void* buffer, int64_t count, DataType
 
 const std::vector<TransportAllreduce>& AllreduceAlgorithms() {
   static const std::vector<TransportAllreduce> list = {
-      {"DIRECT_EXCHANGE_ALLREDUCE", DirectExchangeSuits, DirectExchangeAllreduce},
-      {"PAIRWISE_RING_ALLREDUCE", AlwaysSuits, OrderedAllreduce},
+      {"DIRECT_EXCHANGE_ALLREDUCE", NetworkChoice::kDirectExchange, DirectExchangeAllreduce},
+      {"PAIRWISE_RING_ALLREDUCE", NetworkChoice::kPairwiseRing, OrderedAllreduce},
+      {"CHAIN_ALLREDUCE", NetworkChoice::kChain, ChainAllreduceSized},
   };
   return list;
 }
 
-const TransportAllreduce& ChooseAllreduce(int ranks, size_t bytes, NetworkChoice choice) {
-  // The list's order: direct exchange first, pairwise + ring last.
-  if (choice == NetworkChoice::kDirectExchange) return AllreduceAlgorithms().front();
-  if (choice == NetworkChoice::kPairwiseRing) return AllreduceAlgorithms().back();
-  for (const TransportAllreduce& a : AllreduceAlgorithms()) {
-    if (a.suits(ranks, bytes)) return a;
+const TransportAllreduce& ChooseAllreduce(int ranks, size_t bytes, NetworkChoice choice,
+                                          NetworkShape shape) {
+  const std::vector<TransportAllreduce>& list = AllreduceAlgorithms();
+  for (const TransportAllreduce& a : list) {
+    if (choice != NetworkChoice::kAuto && a.choice == choice) return a;
   }
-  return AllreduceAlgorithms().back();
+  // kAuto, or a choice that belongs to another step: the size rule.
+  const auto named = [&](NetworkChoice c) -> const TransportAllreduce& {
+    return *std::find_if(list.begin(), list.end(),
+                         [c](const TransportAllreduce& a) { return a.choice == c; });
+  };
+  if (static_cast<size_t>(ranks - 1) * bytes <= kDirectExchangeBytes) {
+    return named(NetworkChoice::kDirectExchange);
+  }
+  if (shape == NetworkShape::kUnknown && ranks >= 3 && bytes >= kChainMinBytes) {
+    return named(NetworkChoice::kChain);
+  }
+  return named(NetworkChoice::kPairwiseRing);
 }
 
 }  // namespace ddl

@@ -134,7 +134,8 @@ bool NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataTyp
     RackGridAllreduce(grid_, sent, count, wire, cross_op, RackSlicePieceBytes(wire_bytes),
                       choice_);
   } else {
-    ChooseAllreduce(cross_->size(), wire_bytes, choice_).run(*cross_, sent, count, wire, cross_op);
+    ChooseAllreduce(cross_->size(), wire_bytes, choice_, shape_)
+        .run(*cross_, sent, count, wire, cross_op);
   }
   if (wire != dtype) Convert(mine, dtype, sent, wire, count);
   traffic_.cross_node_bytes += wire_bytes;

@@ -71,6 +71,9 @@ class NodeAllreduce {
   // follow, until changed; kAuto (the default) is the size rule. Every
   // rank must set the same choice before the same call.
   void SetNetworkChoice(NetworkChoice choice) { choice_ = choice; }
+  // What the size rule of the cross-node step may assume of the network
+  // (allreduce.h); one switch unless set. The same on every rank.
+  void SetNetworkShape(NetworkShape shape) { shape_ = shape; }
 
   // Average divides by `divisor` (0: the world size; the engine passes the
   // ranks still active while some have joined). Over a 16-bit wire the
@@ -107,6 +110,7 @@ class NodeAllreduce {
   RackGrid grid_{};
   bool racks_ = false;
   NetworkChoice choice_ = NetworkChoice::kAuto;
+  NetworkShape shape_ = NetworkShape::kOneSwitch;
   int world_size_;
   TrafficCounters& traffic_;
   uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls

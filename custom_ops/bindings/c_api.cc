@@ -65,7 +65,8 @@ int ddl_allreduce_algorithm() {
 
 // The racks the ranks agreed on, as JSON: {"racks": [names], "rack_of_rank":
 // [...], "node_of_rank": [...], "nodes_per_rack": N, "source": "...",
-// "used": true|false, "description": "..."}. Writes at most `capacity`
+// "used": true|false, "schedule": "racks|chain|pairwise|none", "description":
+// "..."} (Context::DescribeNetwork). Writes at most `capacity`
 // bytes (with the final NUL) and returns the full length, or -1 when not
 // initialised.
 int ddl_topology(char* out, int capacity) {
@@ -89,12 +90,14 @@ int ddl_topology(char* out, int capacity) {
   std::string names = "[";
   for (size_t i = 0; i < t.racks.size(); ++i) names += (i ? ", " : "") + quoted(t.racks[i]);
   names += "]";
+  std::string schedule;
+  const std::string description = c.DescribeNetwork(&schedule);
   const std::string json = "{\"racks\": " + names + ", \"rack_of_rank\": " +
                            ints(t.rack_of_rank) + ", \"node_of_rank\": " + ints(t.node_of_rank) +
                            ", \"nodes_per_rack\": " + std::to_string(t.nodes_per_rack) +
                            ", \"source\": " + quoted(t.source) + ", \"used\": " +
-                           (c.racks ? "true" : "false") + ", \"description\": " +
-                           quoted(t.Describe()) + "}";
+                           (c.racks ? "true" : "false") + ", \"schedule\": " +
+                           quoted(schedule) + ", \"description\": " + quoted(description) + "}";
   if (capacity > 0) {
     std::strncpy(out, json.c_str(), capacity - 1);
     out[capacity - 1] = '\0';

@@ -13,7 +13,8 @@ namespace ddl {
 // it gets here, as for integers).
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
 
-// dst[i] = op(a[i], b[i]) for i in [0, count); dst may equal a.
+// dst[i] = op(a[i], b[i]) for i in [0, count); dst may equal a or b (each
+// element is read before it is written).
 void ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType dtype,
               ReduceOp op);
 

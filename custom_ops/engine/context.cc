@@ -84,7 +84,14 @@ Status Context::LearnRacks() {
   racks = even && num_racks > 1 &&
           (config.allreduce == AllreduceAlgorithm::kRacks ||
            config.allreduce == AllreduceAlgorithm::kAuto);
-  // Every rank reached the same `racks` from the same topology.
+  // Nobody described the network, or described racks the rack allreduce
+  // cannot use: auto's large calls take the chain, whose flows per link do
+  // not grow with the nodes (algorithms/allreduce.h). Every rank reached
+  // the same `racks` and `network` from the same topology.
+  if (config.allreduce == AllreduceAlgorithm::kAuto && !racks &&
+      (topology.source.empty() || num_racks > 1)) {
+    network = NetworkShape::kUnknown;
+  }
   if (!racks) return Status::Ok();
   const int my_node = topology.node_of_rank[rank];
   const int my_rack = topology.rack_of_rank[rank];
@@ -155,12 +162,15 @@ Status Context::ChooseAllreduce() {
                       std::chrono::steady_clock::now().time_since_epoch().count() % 1000003
                 : 0);
   std::vector<int64_t> node_id = local->AllgatherInt64(rank);
+  // The chain across 3 or more nodes fills and drains once per chunk:
+  // the rack allreduce's larger chunks keep that a small part of each.
+  const bool chain_across = network == NetworkShape::kUnknown && cross_size >= 3;
   try {
     node_memory = ShmArena::Create(*local, std::to_string(token[0]) + "." +
                                                std::to_string(node_id[0]),
-                                   racks             ? kRackChunkBytes
-                                   : cross_size > 1  ? kCrossNodeChunkBytes
-                                                     : kNodeChunkBytes,
+                                   racks || chain_across ? kRackChunkBytes
+                                   : cross_size > 1      ? kCrossNodeChunkBytes
+                                                         : kNodeChunkBytes,
                                    kNodeSlots);
   } catch (const TransportError& e) {
     return Status::Internal(std::string(e.what()) + Where());
@@ -210,6 +220,40 @@ Status Context::AgreeOnConfig(Context* ctx, ControlPlane& world) {
                                    std::to_string(ctx->rank) + ")");
   }
   return CompareSharedSettings(ctx->config, world);
+}
+
+std::string Context::DescribeNetwork(std::string* schedule) const {
+  const int nodes = static_cast<int>(topology.rack_of_node.size());
+  std::string what, how;
+  if (racks) {
+    what = "racks";
+    how = topology.Describe();
+  } else if (nodes <= 1) {
+    what = "none";
+    how = topology.Describe();
+  } else if (network == NetworkShape::kUnknown && nodes >= 3) {
+    what = "chain";
+    how = std::string(topology.source.empty() ? "no topology given" : topology.Describe()) +
+          ": allreduces of " + std::to_string(kChainMinBytes >> 10) +
+          " KiB or more per rank across the " + std::to_string(nodes) +
+          " nodes take the chain in rank order (CHAIN_ALLREDUCE: neighbour links only, two "
+          "flows per link)";
+  } else {
+    what = "pairwise";
+    how = (topology.source.empty() ? "no topology given: " + std::to_string(nodes) + " nodes"
+                                   : topology.Describe()) +
+          (nodes == 2 ? "" : config.allreduce == AllreduceAlgorithm::kAuto ? ""
+                             : " (DDL_ALLREDUCE asks for the one-switch schedules)") +
+          ": large allreduces across nodes take the pairwise reduce-scatter and ring "
+          "all-gather (PAIRWISE_RING_ALLREDUCE)";
+  }
+  if (topology.source.empty() && nodes > 1) {
+    how += "; to describe the racks set DDL_TOPOLOGY=\"RACK=HOST,HOST;RACK=...\", pass "
+           "ddlrun -H HOST:SLOTS@RACK, or run under Slurm's topology plugin "
+           "(SLURM_TOPOLOGY_ADDR); DDL_TOPOLOGY=none says one switch";
+  }
+  if (schedule != nullptr) *schedule = what;
+  return how;
 }
 
 std::string Context::Where() const {
@@ -285,7 +329,7 @@ Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* o
                             : ctx->hierarchical      ? "hierarchical"
                                                      : "shared_memory";
     std::fprintf(stderr, "[keras_ddl] topology: %s; %d rank(s) per node; allreduce: %s\n",
-                 ctx->topology.Describe().c_str(), ctx->local_size, algorithm);
+                 ctx->DescribeNetwork().c_str(), ctx->local_size, algorithm);
   }
   *out = std::move(ctx);
   return Status::Ok();

@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "../algorithms/allreduce.h"
 #include "../transport/group.h"
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
@@ -49,6 +50,11 @@ struct Context {
   // this node's place in every rack. Null otherwise.
   std::unique_ptr<Group> rack_all, rack_row, rack_column;
   bool racks = false;
+  // What the flat and cross-node steps may assume of the network
+  // (algorithms/allreduce.h): kUnknown with DDL_ALLREDUCE=auto when no
+  // topology was given (or racks were given that the rack allreduce
+  // cannot use), so large calls take the chain; kOneSwitch otherwise.
+  NetworkShape network = NetworkShape::kOneSwitch;
   // Shared memory of this node's ranks; null when allreduce runs flat.
   std::unique_ptr<ShmArena> node_memory;
   bool hierarchical = false;  // node_memory plus a cross-node step
@@ -78,6 +84,12 @@ struct Context {
   // " (rank R)" or " (rank R, process set N)": appended to every message a
   // user may see, with R the rank in the whole job.
   std::string Where() const;
+
+  // What large allreduces across nodes run, in words, and how to describe
+  // the racks when nobody did: ddl.topology()'s description and schedule
+  // and ddlrun --verbose's line. `schedule` gets "racks", "chain",
+  // "pairwise" or "none" (one node).
+  std::string DescribeNetwork(std::string* schedule = nullptr) const;
 
  private:
   // Splits `base` into node and cross groups and chooses the allreduce.

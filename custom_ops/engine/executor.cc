@@ -73,11 +73,13 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
     }
   } else if (ctx.node_memory ? ctx.hierarchical : ctx.size > 1) {
     step = ctx.node_memory ? "cross-node" : "world";
+    // The one-round exchange only below 1 MiB (size classes 0-1); the
+    // chain with 3 or more nodes (with two it sends what the pairwise
+    // ring sends, through the same two links).
+    const int nodes = ctx.node_memory ? ctx.cross_size : ctx.size;
     for (const TransportAllreduce& a : AllreduceAlgorithms()) {
-      const bool direct = &a == &AllreduceAlgorithms().front();
-      candidates.push_back({a.name,
-                            direct ? NetworkChoice::kDirectExchange : NetworkChoice::kPairwiseRing,
-                            direct ? 1 : -1});
+      if (a.choice == NetworkChoice::kChain && nodes < 3) continue;
+      candidates.push_back({a.name, a.choice, a.choice == NetworkChoice::kDirectExchange ? 1 : -1});
     }
   } else {
     if (ctx.rank == 0) {
@@ -177,6 +179,7 @@ Executor::Executor(Context& ctx)
   if (ctx_.node_memory) {
     node_allreduce_ = std::make_unique<NodeAllreduce>(
         *ctx_.node_memory, ctx_.hierarchical ? ctx_.cross.get() : nullptr, ctx_.size, traffic_);
+    node_allreduce_->SetNetworkShape(ctx_.network);
     if (ctx_.racks) {
       node_allreduce_->UseRacks({ctx_.rack_all.get(), ctx_.rack_row.get(), ctx_.rack_column.get(),
                                  UplinksInHalf()});
@@ -337,7 +340,7 @@ void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
     traffic_.rack_bytes += count * wire_elem;
   } else {
     const TransportAllreduce& algorithm =
-        ChooseAllreduce(ctx_.size, count * wire_elem, network_choice_);
+        ChooseAllreduce(ctx_.size, count * wire_elem, network_choice_, ctx_.network);
     algorithm.run(*ctx_.world, buffer, count, wire, op);
     phases->emplace_back(algorithm.name, seconds_since(t));
     traffic_.flat_bytes += count * wire_elem;
