@@ -112,9 +112,11 @@ def test_rack_allreduce_on_threads_as_ranks(tmp_path):
 def test_topology_detection_and_agreement_on_threads_as_ranks(tmp_path):
     """DDL_TOPOLOGY and SLURM_TOPOLOGY_ADDR read from a given environment
     (malformed values named); 4-8 ranks agree on racks and nodes, or every
-    rank gets the same error naming the ranks and what each saw."""
-    proc = build_and_run("topology_check.cc", ["engine/topology.cc", "common/types.cc"],
-                         tmp_path)
+    rank gets the same error naming the ranks and what each saw; the
+    probe's verdict from given rates (racks, one switch, unclear), the
+    topology it makes, and every rank holding rank 0's verdict."""
+    proc = build_and_run("topology_check.cc", ["engine/topology.cc", "engine/topology_probe.cc",
+                                               "common/types.cc"], tmp_path)
     assert_no_failures(proc)
 
 

@@ -1,5 +1,7 @@
 #include "context.h"
 
+#include "topology_probe.h"
+
 #include "../common/util.h"
 
 #include <unistd.h>
@@ -73,6 +75,19 @@ Status Context::LearnRacks() {
   const RackPlace mine = DetectRack([](const char* n) { return std::getenv(n); }, HostName());
   Status s = AgreeOnTopology(*world, mine, node_id, &topology);
   if (!s.ok()) return Status::InvalidArgument(s.message() + Where());
+  if (topology.source == "probe") {
+    // Measured by the whole job once; a process set takes the chain, as a
+    // network nobody described (docs/topology.md).
+    ProbeVerdict verdict;
+    if (process_set == 0) {
+      std::vector<int> first_rank_of_node(topology.rack_of_node.size(), -1);
+      for (int r = static_cast<int>(topology.node_of_rank.size()) - 1; r >= 0; --r) {
+        first_rank_of_node[topology.node_of_rank[r]] = r;
+      }
+      verdict = ProbeRacks(*world, local_rank == 0 ? cross.get() : nullptr, first_rank_of_node);
+    }
+    ApplyProbeVerdict(verdict, &topology);
+  }
   const int num_racks = topology.num_racks();
   const bool even = topology.nodes_per_rack > 0 && homogeneous;
   if (config.allreduce == AllreduceAlgorithm::kRacks && !even) {
@@ -89,7 +104,7 @@ Status Context::LearnRacks() {
   // not grow with the nodes (algorithms/allreduce.h). Every rank reached
   // the same `racks` and `network` from the same topology.
   if (config.allreduce == AllreduceAlgorithm::kAuto && !racks &&
-      (topology.source.empty() || num_racks > 1)) {
+      (topology.source.empty() || topology.uncertain || num_racks > 1)) {
     network = NetworkShape::kUnknown;
   }
   if (!racks) return Status::Ok();
@@ -234,7 +249,7 @@ std::string Context::DescribeNetwork(std::string* schedule) const {
   } else if (network == NetworkShape::kUnknown && nodes >= 3) {
     what = "chain";
     how = std::string(topology.source.empty() ? "no topology given" : topology.Describe()) +
-          ": allreduces of " + std::to_string(kChainMinBytes >> 10) +
+          ": allreduces of "+ std::to_string(kChainMinBytes >> 10) +
           " KiB or more per rank across the " + std::to_string(nodes) +
           " nodes take the chain in rank order (CHAIN_ALLREDUCE: neighbour links only, two "
           "flows per link)";
@@ -247,7 +262,7 @@ std::string Context::DescribeNetwork(std::string* schedule) const {
           ": large allreduces across nodes take the pairwise reduce-scatter and ring "
           "all-gather (PAIRWISE_RING_ALLREDUCE)";
   }
-  if (topology.source.empty() && nodes > 1) {
+  if ((topology.source.empty() || topology.uncertain) && nodes > 1) {
     how += "; to describe the racks set DDL_TOPOLOGY=\"RACK=HOST,HOST;RACK=...\", pass "
            "ddlrun -H HOST:SLOTS@RACK, or run under Slurm's topology plugin "
            "(SLURM_TOPOLOGY_ADDR); DDL_TOPOLOGY=none says one switch";

@@ -36,7 +36,8 @@ bool SameHost(const std::string& a, const std::string& b) {
 RackPlace FromDdlTopology(const std::string& text, const std::string& host) {
   RackPlace p{host, "", "DDL_TOPOLOGY", text, ""};
   if (Trim(text) == "none") return p;
-  const std::string form = " (expected RACK=HOST,HOST;RACK=HOST,..., or none)";
+  if (Trim(text) == "probe") return RackPlace{host, "", "probe", text, ""};
+  const std::string form = " (expected RACK=HOST,HOST;RACK=HOST,..., none or probe)";
   std::map<std::string, std::string> rack_of_host;
   for (const std::string& entry : Split(text, ';')) {
     if (Trim(entry).empty()) continue;  // a trailing ';'
@@ -129,6 +130,7 @@ struct Offer {
 // What a rank saw, in words (for error messages).
 std::string Saw(const RackPlace& p) {
   if (p.source.empty()) return "no topology (neither DDL_TOPOLOGY nor SLURM_TOPOLOGY_ADDR set)";
+  if (p.source == "probe") return "DDL_TOPOLOGY=" + p.setting + " (racks to be measured)";
   std::string where = p.rack.empty() ? "one switch" : "rack '" + p.rack + "'";
   return where + " from " + p.source + "=" + p.setting;
 }
@@ -242,8 +244,10 @@ RackPlace DetectRack(const std::function<const char*(const char*)>& getenv,
 std::string Topology::Describe() const {
   const int nodes = static_cast<int>(rack_of_node.size());
   if (racks.size() <= 1) {
-    return "one switch: " + std::to_string(nodes) + " node(s)" +
-           (source.empty() ? "" : " (" + source + ")");
+    return (uncertain ? "the probe could not tell: " : source.empty() ? "no topology given: "
+                                                                        : "one switch: ") +
+           std::to_string(nodes) + " node(s)" +
+           (source.empty() || uncertain ? "" : " (" + source + ")");
   }
   std::string out = std::to_string(racks.size()) + " racks";
   out += nodes_per_rack > 0 ? " x " + std::to_string(nodes_per_rack) + " nodes"

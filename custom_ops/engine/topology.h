@@ -4,6 +4,9 @@
 //   DDL_TOPOLOGY   "RACK=HOST,HOST;RACK=HOST,...": racks by host name (what
 //                  ddlrun -H host:slots@rack and a hostfile's rack column
 //                  become); "none" for one switch whatever Slurm says;
+//                  "probe" to measure them at start-up (topology_probe.h:
+//                  the agreement gives one switch with source "probe",
+//                  which the probe's verdict then replaces);
 //   SLURM_TOPOLOGY_ADDR / SLURM_TOPOLOGY_ADDR_PATTERN
 //                  Slurm's tree topology: "core.rack1.node3" with
 //                  "switch.switch.node"; the rack is the switch path above
@@ -49,6 +52,9 @@ struct Topology {
   std::string source;               // as in RackPlace
   // Nodes in each rack when every rack has as many, otherwise 0.
   int nodes_per_rack = 0;
+  // The probe could not tell (source "probe"): one switch above, but
+  // treated as a network nobody described.
+  bool uncertain = false;
   int num_racks() const { return static_cast<int>(racks.size()); }
   // "2 racks x 4 nodes (SLURM_TOPOLOGY_ADDR): rack1 = ranks 0-3, ..."
   std::string Describe() const;

@@ -22,5 +22,6 @@ constexpr int kTagRackGather = 114;     // algorithms/rack_allreduce.cc: D, insi
 constexpr int kTagRackExchange = 115;   // algorithms/rack_allreduce.cc: small calls
 constexpr int kTagSetupOffer = 121;     // engine/set_setup.cc: a rank's word to rank 0
 constexpr int kTagSetupVerdict = 122;   // engine/set_setup.cc: rank 0's verdict
+constexpr int kTagProbe = 123;          // engine/topology_probe.cc: the rounds' transfers
 
 }  // namespace ddl

@@ -27,6 +27,9 @@ def parse(argv):
     ar.add_argument("--uplink", default=None,
                     help="with --cluster RACKSxNxR: each rack's uplink rate each way "
                          "(default: --rate)")
+    ar.add_argument("--no-topology", action="store_true",
+                    help="with --cluster RACKSxNxR: the ranks are told nothing about the "
+                         "racks (no SLURM_TOPOLOGY_ADDR), as most jobs run")
     ar.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
     ar.add_argument("--burst", default=None,
                     help="with --cluster: bytes each link's token bucket holds (64k, 1mb; "

@@ -249,7 +249,11 @@ def main(args):
     print_table(f"allreduce: keras_ddl op vs mpi4py comm.Allreduce, {n} ranks, "
                 f"median of {args.reps} interleaved repetitions", COLUMNS +
                 (["fp16_us"] if with_fp16 else []), rows)
-    payload = {"ranks": n, "allreduce": rows}
+    # What ran across nodes (ddl.topology(): the schedule of large calls
+    # and why), so a table says which schedule `auto` took.
+    topology = ddl.topology()
+    payload = {"ranks": n, "allreduce": rows,
+               "network": {k: topology[k] for k in ("schedule", "source", "description")}}
     if not args.skip_resnet:
         grad_rows = gradient_list(max(3, args.reps // 2) if args.reps > 1 else 1,
                                   args.gradient_tensors)

@@ -56,12 +56,15 @@ def link_bound_s(nbytes, nodes, rate_bps, racks=1, uplink_bps=None):
     return max(node, 2 * (racks - 1) / racks * nbytes / (uplink_bps / 8))
 
 
-def default_algorithms(racks, per_node):
-    """Without racks, every path; with racks, auto (which takes them), the
-    rack allreduce by name and the two-level path over the same links."""
+def default_algorithms(racks, per_node, told=True):
+    """Without racks, every path; with racks, auto (which takes them when
+    told), the rack allreduce by name (when told) and the two-level path
+    over the same links (the one-switch schedules, what auto ran without a
+    topology before the chain)."""
     if racks < 2:
         return DEFAULT_ALGORITHMS
-    return ("auto", "racks", "flat" if per_node == 1 else "hierarchical")
+    two_level = "flat" if per_node == 1 else "hierarchical"
+    return ("auto", "racks", two_level) if told else ("auto", two_level)
 
 
 def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path, gradients=False):
@@ -91,14 +94,15 @@ def run(args, sizes, human_bytes):
     rate_bps = parse_rate(args.rate)
     uplink = getattr(args, "uplink", None) or args.rate
     uplink_bps = parse_rate(uplink)
-    algorithms = [a for a in (args.algorithms or ",".join(default_algorithms(racks, per_node)))
-                  .split(",") if a]
+    told = not getattr(args, "no_topology", False)
+    algorithms = [a for a in (args.algorithms or
+                              ",".join(default_algorithms(racks, per_node, told))).split(",") if a]
     for a in algorithms:
         if a not in ALGORITHMS:
             raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
-    runs, gradient_runs = {}, []
+    runs, gradient_runs, networks = {}, [], {}
     cluster = NetnsCluster(nodes // racks, args.rate, burst=args.burst, racks=racks,
-                           uplink=uplink)
+                           uplink=uplink, tell_topology=told)
     with cluster, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for a in algorithms:
@@ -107,6 +111,8 @@ def run(args, sizes, human_bytes):
                                   json_path=os.path.join(tmp, f"{a}.{rnd}.json"),
                                   gradients=first and getattr(args, "with_resnet", False))
                 runs.setdefault(a, []).append(payload["allreduce"])
+                if "network" in payload:
+                    networks.setdefault(a, payload["network"])
                 if "resnet50_gradients" in payload:
                     gradient_runs.append(payload["resnet50_gradients"])
     table = []
@@ -143,6 +149,8 @@ def run(args, sizes, human_bytes):
                if racks > 1 and c in table[0]] + \
               ["fp16_us", "fp16_speedup", "wrong"]
     shape = (f"{racks} racks x {nodes // racks} nodes" if racks > 1 else f"{nodes} nodes")
+    if racks > 1 and not told:
+        shape += " (racks not told)"
     title = (f"allreduce across {shape} x {per_node} rank(s), links {args.rate} each way "
              + (f"(uplinks {uplink}, bound max(2(K-1)/K x S/link, 2(R-1)/R x S/uplink)) "
                 if racks > 1 else "") +
@@ -152,6 +160,9 @@ def run(args, sizes, human_bytes):
              f"time / X time in the same launch; fp16 = {algorithms[0]} with "
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
     _print_rows(title, [{c: row.get(c, "-") for c in columns} for row in table])
+    for a, network in networks.items():
+        print(f"# {a}: large calls across nodes ran '{network['schedule']}': "
+              f"{network['description']}")
     gradients = _gradient_table(gradient_runs, algorithms[0])
     if gradients:
         _print_rows(f"the Keras 3 ResNet-50 gradient list ({gradients[0]['tensors']}), float32 "
@@ -162,7 +173,8 @@ def run(args, sizes, human_bytes):
     if args.json:
         from keras_ddl_tools.results import write_json
         write_json(args.json, {"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
-                               "racks": racks, "uplink": uplink,
+                               "racks": racks, "uplink": uplink, "topology_told": told,
+                               "networks": networks,
                                "burst_bytes": cluster.burst, "rows": table, "raw": runs,
                                **({"gradients": gradients} if gradients else {})})
     if args.plot:

@@ -7,7 +7,7 @@ reaching a core bridge through an uplink capped at --uplink), runs the
 command under mpiexec with the ranks spread over the nodes, prints the
 bytes each link and uplink carried, and tears the cluster down (also on
 Ctrl-C). With racks, every rank sees its place as Slurm gives it
-(SLURM_TOPOLOGY_ADDR). ``clean`` removes clusters left by killed runs.
+(SLURM_TOPOLOGY_ADDR), unless --no-topology. ``clean`` removes clusters left by killed runs.
 
 The ranks run with the Python interpreter that runs this command: a bare
 ``python`` or ``python3`` as the command's first word becomes that
@@ -52,6 +52,9 @@ def build_parser():
                      help="racks of --nodes nodes, each behind its own bridge")
     run.add_argument("--uplink", default=None,
                      help="with --racks: each rack's uplink rate each way (default: --rate)")
+    run.add_argument("--no-topology", action="store_true",
+                     help="with --racks: tell the ranks nothing about the racks (no "
+                          "SLURM_TOPOLOGY_ADDR), as most jobs run")
     run.add_argument("--ranks-per-node", type=int, default=1)
     run.add_argument("--rate", default="1gbit", help="link rate each way: 100mbit, 1gbit, ...")
     run.add_argument("--burst", default=None,
@@ -94,7 +97,7 @@ def main(argv=None):
     try:
         mpiexec = find_mpiexec()
         with NetnsCluster(args.nodes, args.rate, burst=args.burst, racks=args.racks,
-                          uplink=args.uplink) as cluster:
+                          uplink=args.uplink, tell_topology=not args.no_topology) as cluster:
             argv = [mpiexec, *cluster.mpiexec_args(args.ranks_per_node),
                     "-n", str(cluster.nodes * args.ranks_per_node), *command]
             print("+", " ".join(argv), flush=True)

@@ -151,15 +151,20 @@ class NetnsCluster:
     SIGTERM) or call ``up()`` / ``down()``. ``hosts`` are the node names to
     give the launcher (``node1`` ...); ``standin`` is the ssh stand-in."""
 
-    def __init__(self, nodes, rate="1gbit", name=None, burst=None, racks=1, uplink=None):
+    def __init__(self, nodes, rate="1gbit", name=None, burst=None, racks=1, uplink=None,
+                 tell_topology=True):
         """``nodes`` per rack (``racks`` of them; ``nodes`` is the total
         with one rack). ``uplink``: each rack's link to the core, each way
-        (default: ``rate``); its token bucket is the default for its rate."""
+        (default: ``rate``); its token bucket is the default for its rate.
+        ``tell_topology``: with racks, every node is told its place as
+        Slurm tells it; False tells nothing, as most jobs run (hosts are
+        still listed rack by rack)."""
         if int(nodes) != nodes or nodes < 1:
             raise ClusterError(f"nodes={nodes!r}: expected a whole number >= 1")
         if int(racks) != racks or racks < 1:
             raise ClusterError(f"racks={racks!r}: expected a whole number >= 1")
         self.racks = int(racks)
+        self.tell_topology = bool(tell_topology)
         self.nodes_per_rack = int(nodes)
         self.nodes = int(nodes) * self.racks
         self.uplink = uplink if uplink is not None else rate
@@ -334,9 +339,9 @@ class NetnsCluster:
 
     def _write_standin(self):
         # With racks the stand-in also exports the node's place, as Slurm
-        # does for every task of a job.
+        # does for every task of a job (unless told not to).
         def topology(i):
-            if self.racks == 1:
+            if self.racks == 1 or not self.tell_topology:
                 return ""
             return (f" export SLURM_TOPOLOGY_ADDR={self.topology_addr(i)}"
                     f" SLURM_TOPOLOGY_ADDR_PATTERN=switch.switch.node;")

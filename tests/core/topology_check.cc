@@ -2,13 +2,18 @@
 // SLURM_TOPOLOGY_ADDR from a given environment, and the agreement over
 // threads as ranks (tests/core/in_process.h): the racks and nodes every
 // rank ends with, and for ranks that disagree, the same error on every
-// rank naming the ranks and what each saw. Prints "<N> checks, <F> failures".
+// rank naming the ranks and what each saw. DDL_TOPOLOGY=probe
+// (engine/topology_probe.h): the verdict from given rates (racks
+// contiguous or interleaved in rank order, uneven, one switch, and the
+// unclear cases), the topology it makes, and the measurement on threads as
+// ranks, whose verdict every rank shares. Prints "<N> checks, <F> failures".
 #include <map>
 #include <string>
 #include <vector>
 
 #include "check.h"
 #include "engine/topology.h"
+#include "engine/topology_probe.h"
 #include "in_process.h"
 
 using namespace ddl;
@@ -186,8 +191,129 @@ void CheckAgreement() {
   std::vector<RackPlace> none(4, Detect({}, "h"));
   got = Agree(none, one_each);
   Expect(got[3].first.ok() && got[3].second.num_racks() == 1 &&
-             got[3].second.Describe() == "one switch: 4 node(s)",
+             got[3].second.Describe() == "no topology given: 4 node(s)",
          "no topology: one switch; " + got[3].second.Describe());
+  // DDL_TOPOLOGY=probe everywhere: one switch to be measured; with
+  // another text on one rank, every rank names it.
+  std::vector<RackPlace> probe(4, Detect({{"DDL_TOPOLOGY", " probe "}}, "h"));
+  got = Agree(probe, one_each);
+  Expect(got[1].first.ok() && got[1].second.source == "probe" && got[1].second.num_racks() == 1,
+         "DDL_TOPOLOGY=probe agrees on one switch to measure: " + got[1].first.message());
+  probe[2] = Detect({{"DDL_TOPOLOGY", "none"}}, "h");
+  got = Agree(probe, one_each);
+  Expect(!got[0].first.ok() && Contains(got[0].first.message(), "DDL_TOPOLOGY= probe  (racks to be measured)") &&
+             Contains(got[0].first.message(), "rank 2 (host h) saw one switch from DDL_TOPOLOGY=none"),
+         "probe on some ranks, none on another: " + got[0].first.message());
+}
+
+// rate[from][to] in bytes per second: `fast` within a group, `slow`
+// across, with a little noise so no two rates are equal.
+std::vector<std::vector<double>> Rates(const std::vector<int>& group, double fast, double slow) {
+  const int k = static_cast<int>(group.size());
+  std::vector<std::vector<double>> rate(k, std::vector<double>(k, 0.0));
+  for (int i = 0; i < k; ++i) {
+    for (int j = 0; j < k; ++j) {
+      if (i != j) rate[i][j] = (group[i] == group[j] ? fast : slow) * (1 + 0.01 * ((i * 7 + j * 3) % 5));
+    }
+  }
+  return rate;
+}
+
+void CheckProbeVerdicts() {
+  using K = ProbeVerdict::Kind;
+  auto verdict = [](const std::vector<std::vector<double>>& r) { return ClassifyProbeRates(r); };
+  // 2 racks x 4 contiguous, 1 GB/s inside, a quarter of that across.
+  const std::vector<int> contiguous = {0, 0, 0, 0, 1, 1, 1, 1};
+  ProbeVerdict v = verdict(Rates(contiguous, 1e9, 2.5e8));
+  Expect(v.kind == K::kRacks && v.group_of_node == contiguous, "2 x 4 contiguous: racks " + v.reason);
+  // Interleaved in rank order, 3 racks; groups numbered by their lowest node.
+  const std::vector<int> interleaved = {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0};
+  v = verdict(Rates(interleaved, 4e8, 1e8));
+  Expect(v.kind == K::kRacks && v.group_of_node == interleaved, "3 interleaved racks: " + v.reason);
+  // Uneven racks are racks (the rack allreduce then declines them).
+  const std::vector<int> uneven = {0, 0, 0, 1, 1, 1, 1, 1};
+  v = verdict(Rates(uneven, 1e9, 1e8));
+  Expect(v.kind == K::kRacks && v.group_of_node == uneven, "3 + 5 nodes: racks " + v.reason);
+  // Every pair fast: one switch; two nodes, one pair: one switch too.
+  v = verdict(Rates(std::vector<int>(8, 0), 1e9, 1e9));
+  Expect(v.kind == K::kOneSwitch, "all fast: one switch " + v.reason);
+  v = verdict(Rates({0, 1}, 1e9, 1e8));
+  Expect(v.kind == K::kOneSwitch, "2 nodes: the one pair is the fastest tenth: one switch");
+  // Across at 0.8 of within: no rack boundary; at 0.45, one (2:1).
+  v = verdict(Rates(contiguous, 1e9, 8e8));
+  Expect(v.kind == K::kOneSwitch, "across at 0.8 of the rate inside: one switch " + v.reason);
+  v = verdict(Rates(contiguous, 1e9, 4.5e8));
+  Expect(v.kind == K::kRacks, "across at 0.45 of the rate inside: racks " + v.reason);
+  auto close = Rates(contiguous, 1e9, 2.5e8);
+  close[1][6] = close[6][1] = 7e8;  // one pair across nearly as fast as inside
+  v = verdict(close);
+  Expect(v.kind == K::kUnclear, "a fast pair across merges the groups: unclear " + v.reason);
+  // A node slow to everyone (a starved rank): unclear, not a rack of one.
+  auto starved = Rates(std::vector<int>(8, 0), 1e9, 1e9);
+  for (int j = 0; j < 8; ++j) {
+    if (j != 5) starved[5][j] = starved[j][5] = 1e8;
+  }
+  v = verdict(starved);
+  Expect(v.kind == K::kUnclear, "one slow node: unclear " + v.reason);
+  // A group with a slow pair inside: unclear.
+  auto holey = Rates(contiguous, 1e9, 1e8);
+  holey[0][3] = holey[3][0] = 2e8;
+  v = verdict(holey);
+  Expect(v.kind == K::kUnclear, "a slow pair inside a group: unclear " + v.reason);
+  // 16 nodes: 2 racks x 8.
+  std::vector<int> sixteen(16);
+  for (int i = 0; i < 16; ++i) sixteen[i] = i / 8;
+  v = verdict(Rates(sixteen, 5e7, 6e6));
+  Expect(v.kind == K::kRacks && v.group_of_node == sixteen, "2 x 8: racks " + v.reason);
+  const std::string table = DescribeProbe(Rates(contiguous, 1e9, 2.5e8),
+                                          verdict(Rates(contiguous, 1e9, 2.5e8)),
+                                          {0, 2, 4, 6, 8, 10, 12, 14}, 0.5);
+  Expect(Contains(table, "keras_ddl topology probe: 8 nodes, 7 rounds") &&
+             Contains(table, "probe1  4      0, 2, 4, 6") && Contains(table, "verdict: racks"),
+         "the probe's table:\n" + table);
+
+  // The verdict made a topology: 2 racks x 2 nodes x 2 ranks.
+  Topology t;
+  t.racks = {""};
+  t.source = "probe";
+  t.rack_of_node = {0, 0, 0, 0};
+  t.node_of_rank = {0, 0, 1, 1, 2, 2, 3, 3};
+  t.rack_of_rank.assign(8, 0);
+  ProbeVerdict racks;
+  racks.kind = K::kRacks;
+  racks.group_of_node = {0, 1, 1, 0};
+  ApplyProbeVerdict(racks, &t);
+  Expect(t.num_racks() == 2 && t.nodes_per_rack == 2 &&
+             t.rack_of_rank == std::vector<int>({0, 0, 1, 1, 1, 1, 0, 0}) && !t.uncertain &&
+             t.Describe() == "2 racks x 2 nodes (probe): probe1 = ranks 0-1, 6-7; probe2 = ranks 2-5",
+         "the probe's racks as the topology: " + t.Describe());
+  ProbeVerdict unclear;
+  unclear.group_of_node = {0, 0, 1, 2};
+  ApplyProbeVerdict(unclear, &t);
+  Expect(t.num_racks() == 1 && t.uncertain && t.nodes_per_rack == 4 &&
+             t.Describe() == "the probe could not tell: 4 node(s)",
+         "an unclear verdict: one switch, uncertain: " + t.Describe());
+}
+
+// The measurement on threads as ranks: 4 nodes x 2 ranks, the nodes'
+// first ranks as leaders. The rates are whatever threads reach, so only
+// the agreement is checked: every rank holds rank 0's verdict, with a
+// group for every node.
+void CheckProbeAgreement() {
+  const int nodes = 4, per_node = 2, n = nodes * per_node;
+  InProcessGroup world(n, 1 << 16), leaders(nodes, 1 << 16);
+  std::vector<ProbeVerdict> got(n);
+  world.Run([&](int r) {
+    InProcessRank all(world, r);
+    std::unique_ptr<InProcessRank> leader;
+    if (r % per_node == 0) leader = std::make_unique<InProcessRank>(leaders, r / per_node);
+    got[r] = ProbeRacks(all, leader.get(), {0, 2, 4, 6});
+  });
+  for (int r = 0; r < n; ++r) {
+    Expect(got[r].kind == got[0].kind && got[r].group_of_node == got[0].group_of_node &&
+               got[r].reason == got[0].reason && got[r].group_of_node.size() == nodes,
+           "rank " + std::to_string(r) + " holds rank 0's probe verdict");
+  }
 }
 
 }  // namespace
@@ -195,5 +321,7 @@ void CheckAgreement() {
 int main() {
   CheckDetect();
   CheckAgreement();
+  CheckProbeVerdicts();
+  CheckProbeAgreement();
   return ddl_test::Summary();
 }

@@ -2,17 +2,24 @@
 variables from the ssh stand-in): the ranks learn the racks, the results
 are bitwise in the nodes-then-racks order on every rank, and three 16 MB
 allreduces give the uplinks their bytes (tests/test_racks_cluster.py
-compares them with the uplinks' counters). Run under mpiexec on the
-cluster; prints DDLCASE lines and each rank's traffic."""
+compares them with the uplinks' counters). Then the same ranks again with
+nothing told (the Slurm variables dropped before a second init), as most
+jobs run: ddl.topology() says so and names the chain, results are bitwise
+in rank order, and three 16 MB allreduces take the chain, which crosses
+each uplink with the buffer once each way. Run under mpiexec on the
+cluster; prints DDLCASE lines and each rank's traffic after each part."""
 
+import os
 import socket
 import sys
+import time
 
 import numpy as np
-from harness import case, run_cases
+from harness import case, report, report_traffic, run_cases
 from mpi4py import MPI
 
 import keras_ddl as ddl
+from keras_ddl.common import basics
 
 COMM = MPI.COMM_WORLD
 
@@ -63,5 +70,64 @@ def three_16mb_allreduces():
     assert float(out[0]) == 4.0 and float(out[-1]) == 4.0
 
 
+def untold_topology():
+    topo = ddl.topology()
+    assert topo["source"] == "" and not topo["used"], topo
+    assert topo["schedule"] == "chain", topo
+    assert topo["description"].startswith("no topology given: "), topo
+    assert "chain" in topo["description"] and "DDL_TOPOLOGY" in topo["description"], topo
+    assert ddl.allreduce_algorithm() == "flat", ddl.allreduce_algorithm()
+
+
+def untold_results_in_rank_order():
+    import tensorflow as tf
+    # 300001 floats: 1.2 MB, the chain's size; fused with a small one that
+    # the direct exchange would take alone.
+    def inputs(r):
+        rng = np.random.default_rng(11 + r)
+        return [rng.uniform(-1, 1, n).astype(np.float32) for n in (999, 300001)]
+    everyone = [inputs(r) for r in range(4)]
+    xs = everyone[ddl.rank()]
+    singles = [ddl.allreduce(tf.constant(x), op=ddl.Sum, name=f"untold.single.{i}").numpy()
+               for i, x in enumerate(xs)]
+    fused = [t.numpy() for t in ddl.grouped_allreduce([tf.constant(x) for x in xs], op=ddl.Sum,
+                                                      name="untold.fused")]
+    for i in range(len(xs)):
+        e = [everyone[r][i] for r in range(4)]
+        want = ((e[0] + e[1]) + e[2]) + e[3]
+        for label, got in (("single", singles[i]), ("fused", fused[i])):
+            assert got.tobytes() == want.tobytes(), \
+                f"{label} {i}: {int(np.sum(got != want))} elements differ from ((x0+x1)+x2)+x3"
+
+
+def untold_three_16mb_allreduces():
+    import tensorflow as tf
+    x = tf.ones([4 << 20], tf.float32)
+    for i in range(3):
+        out = ddl.allreduce(x, op=ddl.Sum, name=f"untold.big.{i}")
+    assert float(out[0]) == 4.0 and float(out[-1]) == 4.0
+
+
+def untold_part():
+    """The second init, with nothing told; cases reported as run_cases does."""
+    for var in ("SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN"):
+        os.environ.pop(var, None)
+    basics.init()
+    for fn in (untold_topology, untold_results_in_rank_order, untold_three_16mb_allreduces):
+        start = time.time()
+        try:
+            fn()
+            report(fn.__name__, ddl.rank(), True, seconds=time.time() - start)
+        except Exception:
+            import traceback
+            report(fn.__name__, ddl.rank(), False, traceback.format_exc(), time.time() - start)
+        COMM.Barrier()
+    if os.environ.get("DDL_TEST_REPORT_TRAFFIC") == "1":
+        report_traffic(ddl)
+    basics.shutdown()
+
+
 if __name__ == "__main__":
-    sys.exit(run_cases())
+    code = run_cases()
+    untold_part()
+    sys.exit(code)

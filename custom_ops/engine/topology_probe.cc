@@ -1,0 +1,246 @@
+#include "topology_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "../common/util.h"
+#include "../transport/tags.h"
+
+namespace ddl {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The slower direction of the pair (i, j).
+double PairRate(const std::vector<std::vector<double>>& rate, int i, int j) {
+  return std::min(rate[i][j], rate[j][i]);
+}
+
+int Find(std::vector<int>& parent, int x) {
+  while (parent[x] != x) x = parent[x] = parent[parent[x]];
+  return x;
+}
+
+std::string Format(const char* fmt, double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, fmt, v);
+  return text;
+}
+
+// This leader's rates from every other node, one round per distance.
+std::vector<double> MeasureRounds(Group& leaders) {
+  const int k = leaders.size();
+  const int me = leaders.rank();
+  std::vector<double> from(k, 0.0);
+  std::vector<char> out(kProbeBytes, 1), in(kProbeBytes);
+  const size_t piece = std::max<size_t>(1, std::min(kProbeBytes, leaders.MaxMessageBytes()));
+  for (int d = 1; d < k; ++d) {
+    // Every node starts the round together, so the flows overlap.
+    leaders.AllgatherInt64(d);
+    const auto start = Clock::now();
+    const int source = (me - d + k) % k;
+    std::vector<Transport::Handle> receives, sends;
+    for (size_t at = 0; at < kProbeBytes; at += piece) {
+      receives.push_back(leaders.Irecv(in.data() + at, std::min(piece, kProbeBytes - at), source,
+                                       kTagProbe));
+    }
+    for (size_t at = 0; at < kProbeBytes; at += piece) {
+      sends.push_back(leaders.Isend(out.data() + at, std::min(piece, kProbeBytes - at),
+                                    (me + d) % k, kTagProbe));
+    }
+    for (Transport::Handle h : receives) leaders.Wait(h);
+    from[source] = static_cast<double>(kProbeBytes) / std::max(SecondsSince(start), 1e-9);
+    for (Transport::Handle h : sends) leaders.Wait(h);
+  }
+  return from;
+}
+
+}  // namespace
+
+ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate) {
+  const int k = static_cast<int>(rate.size());
+  ProbeVerdict v;
+  v.group_of_node.assign(k, 0);
+  if (k < 2) {
+    v.kind = ProbeVerdict::kOneSwitch;
+    v.reason = "one node";
+    return v;
+  }
+  std::vector<double> pairs;
+  for (int i = 0; i < k; ++i) {
+    for (int j = i + 1; j < k; ++j) pairs.push_back(PairRate(rate, i, j));
+  }
+  std::vector<double> sorted = pairs;
+  std::sort(sorted.begin(), sorted.end());
+  // The fastest tenth's rate: what a pair reaches when nothing holds it
+  // back (the median would be an uplink's share with most pairs across).
+  const double top = sorted[static_cast<size_t>(0.9 * static_cast<double>(sorted.size() - 1))];
+  const double fast = 0.5 * top;
+  std::vector<int> parent(k);
+  std::iota(parent.begin(), parent.end(), 0);
+  bool all_fast = true;
+  for (int i = 0; i < k; ++i) {
+    for (int j = i + 1; j < k; ++j) {
+      if (PairRate(rate, i, j) >= fast) {
+        parent[Find(parent, j)] = Find(parent, i);
+      } else {
+        all_fast = false;
+      }
+    }
+  }
+  if (all_fast) {
+    v.kind = ProbeVerdict::kOneSwitch;
+    v.reason = "every pair reached at least half the fastest tenth's rate";
+    return v;
+  }
+  // Groups numbered by their lowest node.
+  std::vector<int> number(k, -1);
+  int groups = 0;
+  for (int i = 0; i < k; ++i) {
+    const int root = Find(parent, i);
+    if (number[root] < 0) number[root] = groups++;
+    v.group_of_node[i] = number[root];
+  }
+  std::vector<int> size(groups, 0);
+  for (int g : v.group_of_node) ++size[g];
+  double slowest_within = top, fastest_across = 0;
+  bool cliques = true;
+  for (int i = 0; i < k; ++i) {
+    for (int j = i + 1; j < k; ++j) {
+      const double p = PairRate(rate, i, j);
+      if (v.group_of_node[i] == v.group_of_node[j]) {
+        slowest_within = std::min(slowest_within, p);
+        cliques = cliques && p >= fast;
+      } else {
+        fastest_across = std::max(fastest_across, p);
+      }
+    }
+  }
+  const bool alone = *std::min_element(size.begin(), size.end()) < 2;
+  if (groups < 2 || !cliques || alone || fastest_across > slowest_within * 2.0 / 3.0) {
+    v.kind = ProbeVerdict::kUnclear;
+    v.reason = groups < 2 ? "some pairs are slow, but they do not split the nodes into groups"
+               : alone    ? "a node is slow to every other node"
+               : !cliques ? "a group holds pairs slower than half the fastest tenth's rate"
+                          : "a pair across groups is as fast as 2/3 of the slowest within one";
+    return v;
+  }
+  v.kind = ProbeVerdict::kRacks;
+  v.reason = "every pair within a group is at least 1.5x as fast as any pair across";
+  return v;
+}
+
+std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
+                          const ProbeVerdict& verdict, const std::vector<int>& first_rank_of_node,
+                          double seconds) {
+  const int k = static_cast<int>(rate.size());
+  std::string out = "keras_ddl topology probe: " + std::to_string(k) + " nodes, " +
+                    std::to_string(std::max(k - 1, 0)) + " rounds (in round d every node sends " +
+                    std::to_string(kProbeBytes >> 10) +
+                    " KiB to the node d places on, all at once), " + Format("%.2f", seconds) +
+                    " s; pair rate = its slower direction\n";
+  auto pad = [](std::string s, size_t w) {
+    s.resize(std::max(w, s.size()), ' ');
+    return s;
+  };
+  out += "  " + pad("group", 8) + pad("nodes", 7) + pad("first ranks", 26) +
+         pad("slowest pair within", 22) + "fastest pair across\n";
+  const int groups = k == 0 ? 0 : *std::max_element(verdict.group_of_node.begin(),
+                                                    verdict.group_of_node.end()) + 1;
+  for (int g = 0; g < groups; ++g) {
+    std::vector<int> ranks;
+    double within = -1, across = -1;
+    for (int i = 0; i < k; ++i) {
+      if (verdict.group_of_node[i] != g) continue;
+      ranks.push_back(first_rank_of_node[i]);
+      for (int j = 0; j < k; ++j) {
+        if (j == i) continue;
+        const double p = PairRate(rate, i, j) / 1e6;
+        double& side = verdict.group_of_node[j] == g ? within : across;
+        side = verdict.group_of_node[j] == g ? (side < 0 ? p : std::min(side, p)) : std::max(side, p);
+      }
+    }
+    auto rate_text = [&](double r) { return r < 0 ? std::string("-") : Format("%9.1f MB/s", r); };
+    std::string row = "  " + pad("probe" + std::to_string(g + 1), 8) +
+                      pad(std::to_string(ranks.size()), 7) + pad(RankRuns(ranks), 26) +
+                      pad(rate_text(within), 22) + rate_text(across);
+    out += row.substr(0, row.find_last_not_of(' ') + 1) + "\n";
+  }
+  out += std::string("  verdict: ") +
+         (verdict.kind == ProbeVerdict::kRacks       ? "racks"
+          : verdict.kind == ProbeVerdict::kOneSwitch ? "one switch"
+                                                     : "unclear") +
+         " (" + verdict.reason + ")\n";
+  return out;
+}
+
+void ApplyProbeVerdict(const ProbeVerdict& v, Topology* t) {
+  const int nodes = static_cast<int>(t->rack_of_node.size());
+  const bool racks = v.kind == ProbeVerdict::kRacks;
+  const int groups = racks ? *std::max_element(v.group_of_node.begin(), v.group_of_node.end()) + 1
+                           : 1;
+  t->racks.clear();
+  for (int g = 0; g < groups; ++g) t->racks.push_back(racks ? "probe" + std::to_string(g + 1) : "");
+  for (int n = 0; n < nodes; ++n) t->rack_of_node[n] = racks ? v.group_of_node[n] : 0;
+  for (size_t r = 0; r < t->rack_of_rank.size(); ++r) {
+    t->rack_of_rank[r] = t->rack_of_node[t->node_of_rank[r]];
+  }
+  std::vector<int> in(groups, 0);
+  for (int g : t->rack_of_node) ++in[g];
+  t->nodes_per_rack = std::all_of(in.begin(), in.end(), [&](int k) { return k == in[0]; }) ? in[0] : 0;
+  t->uncertain = v.kind == ProbeVerdict::kUnclear;
+}
+
+ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node) {
+  const auto start = Clock::now();
+  const int k = static_cast<int>(first_rank_of_node.size());
+  std::vector<std::vector<char>> gathered;
+  if (leaders != nullptr) {
+    const std::vector<double> from = MeasureRounds(*leaders);
+    std::vector<char> mine(from.size() * sizeof(double));
+    std::memcpy(mine.data(), from.data(), mine.size());
+    gathered = leaders->GatherBytes(mine, 0);
+  }
+  // Rank 0 (node 0's leader) decides; every rank gets the same bytes:
+  // the kind, then each node's group.
+  std::vector<char> decision;
+  if (world.rank() == 0) {
+    std::vector<std::vector<double>> rate(k, std::vector<double>(k, 0.0));
+    for (int to = 0; to < k && to < static_cast<int>(gathered.size()); ++to) {
+      for (int from = 0; from < k; ++from) {
+        if (gathered[to].size() >= static_cast<size_t>(k) * sizeof(double)) {
+          std::memcpy(&rate[from][to], gathered[to].data() + from * sizeof(double),
+                      sizeof(double));
+        }
+      }
+    }
+    const ProbeVerdict v = ClassifyProbeRates(rate);
+    std::fputs(DescribeProbe(rate, v, first_rank_of_node, SecondsSince(start)).c_str(), stderr);
+    std::vector<int32_t> words = {static_cast<int32_t>(v.kind)};
+    words.insert(words.end(), v.group_of_node.begin(), v.group_of_node.end());
+    decision.resize(words.size() * sizeof(int32_t));
+    std::memcpy(decision.data(), words.data(), decision.size());
+    decision.insert(decision.end(), v.reason.begin(), v.reason.end());
+  }
+  world.BroadcastBytes(decision, 0);
+  std::vector<int32_t> words(1 + k);
+  if (decision.size() < words.size() * sizeof(int32_t)) {
+    throw TransportError("the topology probe's verdict arrived truncated");
+  }
+  std::memcpy(words.data(), decision.data(), words.size() * sizeof(int32_t));
+  ProbeVerdict v;
+  v.kind = static_cast<ProbeVerdict::Kind>(words[0]);
+  v.group_of_node.assign(words.begin() + 1, words.end());
+  v.reason.assign(decision.begin() + words.size() * sizeof(int32_t), decision.end());
+  return v;
+}
+
+}  // namespace ddl

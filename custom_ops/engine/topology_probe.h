@@ -1,0 +1,73 @@
+// DDL_TOPOLOGY=probe: the racks measured at start-up instead of told
+// (docs/topology.md, "Finding the racks by measuring").
+//
+// One rank per node (each node's local rank 0) takes part. In round d,
+// d = 1 ... K-1, every node sends kProbeBytes to the node d places after it
+// (mod K) while receiving from the node d places before, all nodes at
+// once; the receiver times its message from the round's start. So every
+// ordered pair of nodes is measured once, while K - 1 other flows run:
+// flows that share an uplink slow each other down, flows inside a switch
+// do not. A pair's rate is its slower direction. Rank 0 gathers the rates
+// and decides:
+// - racks: the pairs at least half as fast as the fastest tenth link the
+//   nodes into groups of two or more in which every pair is that fast,
+//   and every pair across groups is at most 2/3 of the slowest pair
+//   within a group;
+// - one switch: every pair is that fast;
+// - unclear: anything else (the chain then runs, as with nothing told).
+// It prints what it measured in the autotuner's table style and every rank
+// gets its verdict, so all agree.
+//
+// It errs when a rack's uplink carries one flow as fast as a node link
+// (rounds with many flows across then show the slowdown, but the pairs
+// measured in rounds with one flow across look as fast as those inside a
+// rack, so the groups merge: unclear or one switch), when the node links
+// themselves are the limit unevenly (ranks sharing cores, other jobs'
+// traffic: unclear), and, like any measurement, when other traffic
+// shares the uplinks while it runs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "../transport/group.h"
+#include "topology.h"
+
+namespace ddl {
+
+// Bytes every node sends in each round.
+constexpr size_t kProbeBytes = 512 << 10;
+
+struct ProbeVerdict {
+  enum Kind { kRacks, kOneSwitch, kUnclear };
+  Kind kind = kUnclear;
+  // Per node (in the probe's order), its group: 0, 1, ... numbered by
+  // the group's lowest node. Groups are racks only with kRacks.
+  std::vector<int> group_of_node;
+  std::string reason;  // one line: why this verdict
+};
+
+// The decision from measured rates, rate[from][to] in bytes per second
+// (the diagonal unused). Deterministic: every caller with the same rates
+// gets the same verdict.
+ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate);
+
+// The table rank 0 prints (headed "keras_ddl topology probe:").
+std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
+                          const ProbeVerdict& verdict, const std::vector<int>& first_rank_of_node,
+                          double seconds);
+
+// Collective over `world`. `leaders`: the group of the nodes' local ranks
+// 0, one per node in node order, on those ranks; null on the others.
+// `first_rank_of_node[n]`: node n's lowest rank in `world` (for the
+// table). Rank 0 of `world` must be node 0's leader. Every rank returns the
+// same verdict; rank 0 prints the table to stderr.
+ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node);
+
+// The agreed topology of a job with DDL_TOPOLOGY=probe (one switch, source
+// "probe") made the verdict's: racks "probe1", "probe2", ... (numbered,
+// like every rack, by their lowest rank), one switch, or one switch marked
+// `uncertain`.
+void ApplyProbeVerdict(const ProbeVerdict& verdict, Topology* topology);
+
+}  // namespace ddl
