@@ -2,17 +2,18 @@
 // (docs/topology.md, "Finding the racks by measuring").
 //
 // One rank per node (each node's local rank 0) takes part. In round d,
-// d = 1 ... K-1, every node sends kProbeBytes to the node d places after it
+// d = 1 ... K-1, every node sends a few hundred KiB (see kProbeBytes) to
+// the node d places after it
 // (mod K) while receiving from the node d places before, all nodes at
 // once; the receiver times its message from the round's start. So every
-// ordered pair of nodes is measured once, while K - 1 other flows run:
+// ordered pair of nodes is measured (kProbePasses times; it keeps its
+// fastest), while K - 1 other flows run:
 // flows that share an uplink slow each other down, flows inside a switch
 // do not. A pair's rate is its slower direction. Rank 0 gathers the rates
 // and decides:
 // - racks: the pairs at least half as fast as the fastest tenth link the
-//   nodes into groups of two or more in which every pair is that fast,
-//   and every pair across groups is at most 2/3 of the slowest pair
-//   within a group;
+//   nodes into groups of two or more, and every pair across groups is at
+//   most 2/3 as fast as the median pair within a group;
 // - one switch: every pair is that fast;
 // - unclear: anything else (the chain then runs, as with nothing told).
 // It prints what it measured in the autotuner's table style and every rank
@@ -35,8 +36,15 @@
 
 namespace ddl {
 
-// Bytes every node sends in each round.
-constexpr size_t kProbeBytes = 512 << 10;
+// Bytes every node sends in each round: kProbeBytes, doubled (up to
+// kProbeMaxBytes) until the first round's slowest receive takes
+// kProbeRoundSeconds, so a round times the links rather than the fixed
+// costs of its messages on fast links, and stays short on slow ones.
+constexpr size_t kProbeBytes = 256 << 10;
+constexpr size_t kProbeMaxBytes = 64 << 20;
+constexpr double kProbeRoundSeconds = 0.01;
+// Times every distance is measured; a pair keeps its fastest.
+constexpr int kProbePasses = 2;
 
 struct ProbeVerdict {
   enum Kind { kRacks, kOneSwitch, kUnclear };
@@ -55,7 +63,7 @@ ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate);
 // The table rank 0 prints (headed "keras_ddl topology probe:").
 std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
                           const ProbeVerdict& verdict, const std::vector<int>& first_rank_of_node,
-                          double seconds);
+                          size_t bytes, double seconds);
 
 // Collective over `world`. `leaders`: the group of the nodes' local ranks
 // 0, one per node in node order, on those ranks; null on the others.

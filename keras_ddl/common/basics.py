@@ -200,9 +200,13 @@ def topology():
     ``racks`` (names, in order of their lowest rank; one "" without racks),
     ``rack_of_rank`` and ``node_of_rank`` (indices, per rank),
     ``nodes_per_rack`` (0 when racks differ in size), ``source``
-    ("DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR" or "" for none), ``used`` (the
-    rack allreduce runs) and ``description`` (one line, as ddlrun
-    --verbose prints it)."""
+    ("DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR", "probe" for DDL_TOPOLOGY=probe,
+    or "" for none), ``used`` (the rack allreduce runs), ``schedule`` (what
+    large allreduces across nodes run: "racks", "chain" when nobody
+    described the network, "pairwise", or "none" on one node) and
+    ``description`` (one line, as ddlrun --verbose prints it; with no
+    topology given it starts "no topology given:", names the schedule and
+    says how to describe the racks)."""
     import json
 
     if not is_initialized():
