@@ -60,41 +60,60 @@ double Round(Group& leaders, int d, size_t bytes, std::vector<char>& out, std::v
   return seconds;
 }
 
-// This leader's rates from every other node, and the bytes each node sent
-// per round.
-std::vector<double> MeasureRounds(Group& leaders, size_t* bytes_out) {
+// The bytes of every round: doubled from kProbeBytes until the median
+// receive of the first round takes kProbeRoundSeconds, so that the rounds
+// time the links, not the messages' fixed costs, whatever the links' speed.
+size_t RoundBytes(Group& leaders, std::vector<char>& out, std::vector<char>& in) {
   const int k = leaders.size();
-  const int me = leaders.rank();
-  std::vector<double> from(k, 0.0);
-  if (k < 2) return from;
-  // The size: doubled from kProbeBytes until the median receive of the
-  // first round takes kProbeRoundSeconds, so that the rounds time the
-  // links, not the messages' fixed costs, whatever the links' speed.
   size_t bytes = kProbeBytes;
-  std::vector<char> out(bytes, 1), in(bytes);
   for (;;) {
+    out.assign(bytes, 1);
+    in.resize(bytes);
     const double seconds = Round(leaders, 1, bytes, out, in);
     std::vector<int64_t> all = leaders.AllgatherInt64(static_cast<int64_t>(seconds * 1e6));
     std::nth_element(all.begin(), all.begin() + k / 2, all.end());
     if (all[k / 2] >= static_cast<int64_t>(kProbeRoundSeconds * 1e6) || bytes >= kProbeMaxBytes) {
-      break;
+      return bytes;
     }
     bytes *= 2;
-    out.assign(bytes, 1);
-    in.resize(bytes);
   }
-  // Every distance, kProbePasses times; a pair keeps its fastest pass: a
-  // rank that lost its core for a moment slows one pass, a shared uplink
-  // every pass.
-  for (int pass = 0; pass < kProbePasses; ++pass) {
-    for (int d = 1; d < k; ++d) {
-      const int source = (me - d + k) % k;
-      from[source] = std::max(from[source],
-                              static_cast<double>(bytes) / Round(leaders, d, bytes, out, in));
+}
+
+// rate[from][to] from every leader's row of rates from each node (rank 0
+// of the leaders; empty elsewhere).
+std::vector<std::vector<double>> RateMatrix(const std::vector<std::vector<char>>& gathered,
+                                            int k) {
+  std::vector<std::vector<double>> rate(k, std::vector<double>(k, 0.0));
+  for (int to = 0; to < k && to < static_cast<int>(gathered.size()); ++to) {
+    if (gathered[to].size() < static_cast<size_t>(k) * sizeof(double)) continue;
+    for (int from = 0; from < k; ++from) {
+      std::memcpy(&rate[from][to], gathered[to].data() + from * sizeof(double), sizeof(double));
     }
   }
-  *bytes_out = bytes;
-  return from;
+  return rate;
+}
+
+// A verdict after the first pass that a second could not change: one
+// switch (a busy core only slows pairs, so every pair fast stays fast), or
+// racks with the pairs across at most a third of the median within.
+bool Settled(const std::vector<std::vector<double>>& rate, const ProbeVerdict& v) {
+  if (v.kind == ProbeVerdict::kOneSwitch) return true;
+  if (v.kind != ProbeVerdict::kRacks) return false;
+  std::vector<double> within;
+  double across = 0;
+  const int k = static_cast<int>(rate.size());
+  for (int i = 0; i < k; ++i) {
+    for (int j = i + 1; j < k; ++j) {
+      const double p = PairRate(rate, i, j);
+      if (v.group_of_node[i] == v.group_of_node[j]) {
+        within.push_back(p);
+      } else {
+        across = std::max(across, p);
+      }
+    }
+  }
+  std::nth_element(within.begin(), within.begin() + within.size() / 2, within.end());
+  return across <= within[within.size() / 2] / 3;
 }
 
 }  // namespace
@@ -180,7 +199,7 @@ std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
                           size_t bytes, double seconds) {
   const int k = static_cast<int>(rate.size());
   std::string out = "keras_ddl topology probe: " + std::to_string(k) + " nodes, " +
-                    std::to_string(std::max(k - 1, 0)) + " rounds x " +
+                    std::to_string(std::max(k - 1, 0)) + " rounds, up to " +
                     std::to_string(kProbePasses) + " passes (in round d every node sends " +
                     std::to_string(bytes >> 10) +
                     " KiB to the node d places on, all at once), " + Format("%.2f", seconds) +
@@ -261,28 +280,45 @@ void ApplyProbeVerdict(const ProbeVerdict& v, Topology* t) {
 ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node) {
   const auto start = Clock::now();
   const int k = static_cast<int>(first_rank_of_node.size());
-  std::vector<std::vector<char>> gathered;
   size_t bytes = kProbeBytes;
-  if (leaders != nullptr) {
-    const std::vector<double> from = MeasureRounds(*leaders, &bytes);
-    std::vector<char> mine(from.size() * sizeof(double));
-    std::memcpy(mine.data(), from.data(), mine.size());
-    gathered = leaders->GatherBytes(mine, 0);
+  ProbeVerdict verdict;
+  std::vector<std::vector<double>> rate;  // rank 0's
+  if (leaders != nullptr && k > 1) {
+    std::vector<char> out, in;
+    bytes = RoundBytes(*leaders, out, in);
+    const int me = leaders->rank();
+    std::vector<double> from(k, 0.0);
+    // Every distance, up to kProbePasses times; a pair keeps its fastest
+    // pass (a rank that lost its core for a moment slows one pass, a
+    // shared uplink every pass). Rank 0 decides after each pass whether
+    // another could change the verdict, and tells the leaders.
+    for (int pass = 0; pass < kProbePasses; ++pass) {
+      for (int d = 1; d < k; ++d) {
+        const int source = (me - d + k) % k;
+        from[source] =
+            std::max(from[source], static_cast<double>(bytes) / Round(*leaders, d, bytes, out, in));
+      }
+      std::vector<char> mine(from.size() * sizeof(double));
+      std::memcpy(mine.data(), from.data(), mine.size());
+      const std::vector<std::vector<char>> gathered = leaders->GatherBytes(mine, 0);
+      std::vector<char> done(1, 0);
+      if (me == 0) {
+        rate = RateMatrix(gathered, k);
+        verdict = ClassifyProbeRates(rate);
+        done[0] = pass + 1 == kProbePasses || Settled(rate, verdict);
+      }
+      leaders->BroadcastBytes(done, 0);
+      if (done.at(0)) break;
+    }
+  } else if (k == 1) {
+    rate.assign(1, std::vector<double>(1, 0.0));
+    verdict = ClassifyProbeRates(rate);
   }
-  // Rank 0 (node 0's leader) decides; every rank gets the same bytes:
-  // the kind, then each node's group.
+  // Rank 0 (node 0's leader) prints and sends every rank the same bytes:
+  // the kind, each node's group, the reason.
   std::vector<char> decision;
   if (world.rank() == 0) {
-    std::vector<std::vector<double>> rate(k, std::vector<double>(k, 0.0));
-    for (int to = 0; to < k && to < static_cast<int>(gathered.size()); ++to) {
-      for (int from = 0; from < k; ++from) {
-        if (gathered[to].size() >= static_cast<size_t>(k) * sizeof(double)) {
-          std::memcpy(&rate[from][to], gathered[to].data() + from * sizeof(double),
-                      sizeof(double));
-        }
-      }
-    }
-    const ProbeVerdict v = ClassifyProbeRates(rate);
+    const ProbeVerdict& v = verdict;
     std::fputs(DescribeProbe(rate, v, first_rank_of_node, bytes, SecondsSince(start)).c_str(),
                stderr);
     std::vector<int32_t> words = {static_cast<int32_t>(v.kind)};

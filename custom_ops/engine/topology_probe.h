@@ -6,8 +6,8 @@
 // the node d places after it
 // (mod K) while receiving from the node d places before, all nodes at
 // once; the receiver times its message from the round's start. So every
-// ordered pair of nodes is measured (kProbePasses times; it keeps its
-// fastest), while K - 1 other flows run:
+// ordered pair of nodes is measured (up to kProbePasses times; it keeps
+// its fastest), while K - 1 other flows run:
 // flows that share an uplink slow each other down, flows inside a switch
 // do not. A pair's rate is its slower direction. Rank 0 gathers the rates
 // and decides:
@@ -42,8 +42,10 @@ namespace ddl {
 // costs of its messages on fast links, and stays short on slow ones.
 constexpr size_t kProbeBytes = 256 << 10;
 constexpr size_t kProbeMaxBytes = 64 << 20;
-constexpr double kProbeRoundSeconds = 0.01;
-// Times every distance is measured; a pair keeps its fastest.
+constexpr double kProbeRoundSeconds = 0.005;
+// Times every distance is measured at most; a pair keeps its fastest. A
+// second pass runs unless the first settled the verdict (one switch, or
+// racks with the pairs across at most a third of those within).
 constexpr int kProbePasses = 2;
 
 struct ProbeVerdict {
