@@ -64,7 +64,13 @@ enum class NetworkShape : uint8_t {
 // (2 nodes at 1 Gbit/s: 4-16 KB calls 15-25% faster, equal at 64 KB).
 constexpr size_t kDirectExchangeBytes = 64 << 10;
 // From this many bytes per rank, a call over an unknown network of 3 or
-// more ranks takes the chain (see ChooseAllreduce).
+// more ranks takes the chain (see ChooseAllreduce). On the test cluster
+// (8 nodes, 1 Gbit/s; one launch, 5 calls per size) the chain against the
+// pairwise ring: behind 250 Mbit/s uplinks 0.6-0.9x the time from 32 to
+// 128 KB and 1.45x / 1.8x faster at 256 / 512 KB; behind 1 Gbit/s uplinks
+// 0.87x at 256 KB, even at 512 KB, 1.3x faster at 1 MB; on one switch
+// 0.7-0.9x at every size (it sends more per node there, see
+// chain_allreduce.h).
 constexpr size_t kChainMinBytes = 256 << 10;
 
 // The size rule, or the algorithm `choice` names whatever the size:

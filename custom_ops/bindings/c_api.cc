@@ -65,7 +65,8 @@ int ddl_allreduce_algorithm() {
 
 // The racks the ranks agreed on, as JSON: {"racks": [names], "rack_of_rank":
 // [...], "node_of_rank": [...], "nodes_per_rack": N, "source": "...",
-// "used": true|false, "schedule": "racks|chain|pairwise|none", "description":
+// "used": true|false, "probe_seconds": S, "schedule": "racks|chain|pairwise|none",
+// "description":
 // "..."} (Context::DescribeNetwork). Writes at most `capacity`
 // bytes (with the final NUL) and returns the full length, or -1 when not
 // initialised.
@@ -96,7 +97,8 @@ int ddl_topology(char* out, int capacity) {
                            ints(t.rack_of_rank) + ", \"node_of_rank\": " + ints(t.node_of_rank) +
                            ", \"nodes_per_rack\": " + std::to_string(t.nodes_per_rack) +
                            ", \"source\": " + quoted(t.source) + ", \"used\": " +
-                           (c.racks ? "true" : "false") + ", \"schedule\": " +
+                           (c.racks ? "true" : "false") + ", \"probe_seconds\": " +
+                           std::to_string(t.probe_seconds) + ", \"schedule\": " +
                            quoted(schedule) + ", \"description\": " + quoted(description) + "}";
   if (capacity > 0) {
     std::strncpy(out, json.c_str(), capacity - 1);

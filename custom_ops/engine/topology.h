@@ -55,6 +55,8 @@ struct Topology {
   // The probe could not tell (source "probe"): one switch above, but
   // treated as a network nobody described.
   bool uncertain = false;
+  // What the probe took at start-up (source "probe"), rank 0's clock.
+  double probe_seconds = 0;
   int num_racks() const { return static_cast<int>(racks.size()); }
   // "2 racks x 4 nodes (SLURM_TOPOLOGY_ADDR): rack1 = ranks 0-3, ..."
   std::string Describe() const;

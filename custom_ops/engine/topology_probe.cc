@@ -275,6 +275,7 @@ void ApplyProbeVerdict(const ProbeVerdict& v, Topology* t) {
   for (int g : t->rack_of_node) ++in[g];
   t->nodes_per_rack = std::all_of(in.begin(), in.end(), [&](int k) { return k == in[0]; }) ? in[0] : 0;
   t->uncertain = v.kind == ProbeVerdict::kUnclear;
+  t->probe_seconds = v.seconds;
 }
 
 ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node) {
@@ -319,24 +320,25 @@ ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& fi
   std::vector<char> decision;
   if (world.rank() == 0) {
     const ProbeVerdict& v = verdict;
-    std::fputs(DescribeProbe(rate, v, first_rank_of_node, bytes, SecondsSince(start)).c_str(),
-               stderr);
+    const double seconds = SecondsSince(start);
+    std::fputs(DescribeProbe(rate, v, first_rank_of_node, bytes, seconds).c_str(), stderr);
     std::vector<int32_t> words = {static_cast<int32_t>(v.kind)};
     words.insert(words.end(), v.group_of_node.begin(), v.group_of_node.end());
-    decision.resize(words.size() * sizeof(int32_t));
-    std::memcpy(decision.data(), words.data(), decision.size());
+    decision.resize(words.size() * sizeof(int32_t) + sizeof(double));
+    std::memcpy(decision.data(), words.data(), words.size() * sizeof(int32_t));
+    std::memcpy(decision.data() + words.size() * sizeof(int32_t), &seconds, sizeof(double));
     decision.insert(decision.end(), v.reason.begin(), v.reason.end());
   }
   world.BroadcastBytes(decision, 0);
   std::vector<int32_t> words(1 + k);
-  if (decision.size() < words.size() * sizeof(int32_t)) {
-    throw TransportError("the topology probe's verdict arrived truncated");
-  }
+  const size_t head = words.size() * sizeof(int32_t) + sizeof(double);
+  if (decision.size() < head) throw TransportError("the topology probe's verdict arrived truncated");
   std::memcpy(words.data(), decision.data(), words.size() * sizeof(int32_t));
   ProbeVerdict v;
   v.kind = static_cast<ProbeVerdict::Kind>(words[0]);
   v.group_of_node.assign(words.begin() + 1, words.end());
-  v.reason.assign(decision.begin() + words.size() * sizeof(int32_t), decision.end());
+  std::memcpy(&v.seconds, decision.data() + words.size() * sizeof(int32_t), sizeof(double));
+  v.reason.assign(decision.begin() + head, decision.end());
   return v;
 }
 

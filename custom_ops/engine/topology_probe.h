@@ -55,6 +55,7 @@ struct ProbeVerdict {
   // the group's lowest node. Groups are racks only with kRacks.
   std::vector<int> group_of_node;
   std::string reason;  // one line: why this verdict
+  double seconds = 0;  // what the probe took, rank 0's clock
 };
 
 // The decision from measured rates, rate[from][to] in bytes per second

@@ -201,7 +201,8 @@ def topology():
     ``rack_of_rank`` and ``node_of_rank`` (indices, per rank),
     ``nodes_per_rack`` (0 when racks differ in size), ``source``
     ("DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR", "probe" for DDL_TOPOLOGY=probe,
-    or "" for none), ``used`` (the rack allreduce runs), ``schedule`` (what
+    or "" for none), ``used`` (the rack allreduce runs), ``probe_seconds``
+    (what DDL_TOPOLOGY=probe took at init, 0 otherwise), ``schedule`` (what
     large allreduces across nodes run: "racks", "chain" when nobody
     described the network, "pairwise", or "none" on one node) and
     ``description`` (one line, as ddlrun --verbose prints it; with no

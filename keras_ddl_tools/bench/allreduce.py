@@ -253,7 +253,8 @@ def main(args):
     # and why), so a table says which schedule `auto` took.
     topology = ddl.topology()
     payload = {"ranks": n, "allreduce": rows,
-               "network": {k: topology[k] for k in ("schedule", "source", "description")}}
+               "network": {k: topology[k] for k in ("schedule", "source", "description",
+                                                    "probe_seconds")}}
     if not args.skip_resnet:
         grad_rows = gradient_list(max(3, args.reps // 2) if args.reps > 1 else 1,
                                   args.gradient_tensors)

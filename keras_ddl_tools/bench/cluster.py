@@ -100,7 +100,7 @@ def run(args, sizes, human_bytes):
     for a in algorithms:
         if a not in ALGORITHMS:
             raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
-    runs, gradient_runs, networks = {}, [], {}
+    runs, gradient_runs, networks, probe_seconds = {}, [], {}, {}
     cluster = NetnsCluster(nodes // racks, args.rate, burst=args.burst, racks=racks,
                            uplink=uplink, tell_topology=told)
     with cluster, tempfile.TemporaryDirectory() as tmp:
@@ -113,6 +113,8 @@ def run(args, sizes, human_bytes):
                 runs.setdefault(a, []).append(payload["allreduce"])
                 if "network" in payload:
                     networks.setdefault(a, payload["network"])
+                    probe_seconds.setdefault(a, []).append(
+                        payload["network"].get("probe_seconds", 0.0))
                 if "resnet50_gradients" in payload:
                     gradient_runs.append(payload["resnet50_gradients"])
     table = []
@@ -161,7 +163,9 @@ def run(args, sizes, human_bytes):
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
     _print_rows(title, [{c: row.get(c, "-") for c in columns} for row in table])
     for a, network in networks.items():
-        print(f"# {a}: large calls across nodes ran '{network['schedule']}': "
+        probe = (f" (DDL_TOPOLOGY=probe took {statistics.median(probe_seconds[a]):.2f} s at "
+                 "init, median of the launches)" if network.get("probe_seconds") else "")
+        print(f"# {a}: large calls across nodes ran '{network['schedule']}'{probe}: "
               f"{network['description']}")
     gradients = _gradient_table(gradient_runs, algorithms[0])
     if gradients:
@@ -174,7 +178,12 @@ def run(args, sizes, human_bytes):
         from keras_ddl_tools.results import write_json
         write_json(args.json, {"nodes": nodes, "ranks_per_node": per_node, "rate": args.rate,
                                "racks": racks, "uplink": uplink, "topology_told": told,
-                               "networks": networks,
+                               # What each algorithm's launches ran across nodes (the
+                               # first launch's; the probe's seconds of every launch).
+                               "schedules": [{"method": a, "schedule": n["schedule"],
+                                              "probe_seconds": statistics.median(
+                                                  probe_seconds[a])}
+                                             for a, n in networks.items()],
                                "burst_bytes": cluster.burst, "rows": table, "raw": runs,
                                **({"gradients": gradients} if gradients else {})})
     if args.plot:
