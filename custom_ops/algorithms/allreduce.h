@@ -65,12 +65,11 @@ enum class NetworkShape : uint8_t {
 constexpr size_t kDirectExchangeBytes = 64 << 10;
 // From this many bytes per rank, a call over an unknown network of 3 or
 // more ranks takes the chain (see ChooseAllreduce). On the test cluster
-// (8 nodes, 1 Gbit/s; one launch, 5 calls per size) the chain against the
-// pairwise ring: behind 250 Mbit/s uplinks 0.6-0.9x the time from 32 to
-// 128 KB and 1.45x / 1.8x faster at 256 / 512 KB; behind 1 Gbit/s uplinks
-// 0.87x at 256 KB, even at 512 KB, 1.3x faster at 1 MB; on one switch
-// 0.7-0.9x at every size (it sends more per node there, see
-// chain_allreduce.h).
+// (8 nodes, 1 Gbit/s; one launch, 5 calls per size), the chain's speed
+// over the pairwise ring's: 2 racks behind 250 Mbit/s uplinks 0.6-0.9x
+// from 32 to 128 KB, 1.45x at 256 KB, 1.8x at 512 KB; behind 1 Gbit/s
+// uplinks 0.87x at 256 KB, 1.03x at 512 KB, 1.3x at 1 MB; one switch
+// 0.7-0.9x at every size (it sends more per node there, chain_allreduce.h).
 constexpr size_t kChainMinBytes = 256 << 10;
 
 // The size rule, or the algorithm `choice` names whatever the size:
