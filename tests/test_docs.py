@@ -7,6 +7,12 @@
 - Every relative link in README.md and docs/ points at a file that exists
   (or one of PENDING, pages other branches are adding), and every #anchor
   into a Markdown file at one of its headings.
+- The docs stand alone: back-ticked paths exist, no page or README reads
+  as a work log, nothing names a file outside the repository, a figure in
+  prose near a results file is one the file holds, and the settings table
+  (custom_ops/common/settings.def) and ddlrun's forwarded prefixes are all
+  documented. (Notes in docs/performance-notes/ are dated history and keep
+  their words.)
 """
 
 import glob
@@ -219,26 +225,7 @@ def test_views_for_future_results_files_render():
 # --- Docs that stand alone ------------------------------------------------------------------
 #
 # Each check below was run against the repository at commit a26b009 (before
-# the pages were rewritten) and failed there, as it should:
-# - back-ticked paths: knobs.md's `custom_ops/engine/config.cc` and `.h`,
-#   architecture.md's `engine/executor.cc` and `common/traffic.h`, the
-#   common/ README's `types.h/.cc`, scaling_model.md's
-#   `scaling_model/systems.py`;
-# - work-log words: PERFORMANCE.md's "scratch build" and commit hashes in
-#   prose; topology.md's "issue #27", "scratch build", "for the lead to
-#   re-measure" and "not for the docs' tables"; scaling_model.md's "I could
-#   not retrieve", "Today that is", "Issue #27" and "main's 0446f4a";
-#   custom_ops/README.md's "today over MPI";
-# - references outside the repository: failures.md's and gpus.md's
-#   DESIGN.md, scaling_model.md's BENCHMARKS.md and both pages' anchors
-#   path, and code citing DESIGN.md, BENCHMARKS.md or /work/shared;
-# - figures against results files: PERFORMANCE.md's "1.86-2.05" (the file
-#   gives 1.86-2.04), its 7.8 s bound and 0.84 share (97.6 MB is MiB: 8.19 s
-#   and 0.88), its piece-size figures of an experimental build;
-#   scaling_model.md's figures beside `racks_2x4x1_4to1` that the file does
-#   not hold;
-# - settings: settings.md listing DDL_AUTOTUNE_CYCLES neither way;
-#   multinode.md leaving out HOROVOD_.
+# the pages were rewritten) and failed there; its docstring says on what.
 
 
 def _tracked(pattern):
@@ -311,7 +298,10 @@ def _backticked_paths(text):
 @pytest.mark.parametrize("rel", _pages())
 def test_backticked_paths_exist(rel):
     """A path written in back-ticks names a file or folder of the repository,
-    relative to its root or to the page's folder."""
+    relative to its root or to the page's folder. Failed on a26b009 on
+    knobs.md's `custom_ops/engine/config.cc` and `.h`, architecture.md's
+    `engine/executor.cc` and `common/traffic.h`, the common/ README's
+    `types.h/.cc` and scaling_model.md's `scaling_model/systems.py`."""
     base = os.path.dirname(rel)
     bad = [token for token, candidates in _backticked_paths(_prose(_read(rel)))
            if not all(glob.glob(os.path.join(REPO, b, c)) or glob.glob(os.path.join(REPO, c))
@@ -336,7 +326,11 @@ WORK_LOG = [
 def test_no_work_log_words(rel):
     """User pages and READMEs describe the software in the present tense;
     what happened when, and who did it, goes to a dated note in
-    docs/performance-notes/."""
+    docs/performance-notes/. Failed on a26b009 on PERFORMANCE.md's "scratch
+    build" and commit hashes in prose; topology.md's "issue #27", "scratch
+    build", "for the lead to re-measure" and "not for the docs' tables";
+    scaling_model.md's "I could not retrieve", "Today that is", "Issue #27"
+    and "main's 0446f4a"; custom_ops/README.md's "today over MPI"."""
     prose = re.sub(r"`[^`\n]*`", "``", _prose(_read(rel)))
     found = [f"{label}: ...{prose[max(0, m.start() - 30):m.end() + 30]!r}..."
              for pattern, label in WORK_LOG for m in pattern.finditer(prose)]
@@ -364,7 +358,11 @@ REWRITTEN_ELSEWHERE = {
 def test_nothing_refers_to_a_file_outside_the_repository():
     """No page, README, source file or test names a file the repository does
     not hold (DESIGN.md, BENCHMARKS.md, ../shared, /work/...); no page's prose
-    points at a /tmp path (a command may write there)."""
+    points at a /tmp path (a command may write there). Failed on a26b009 on
+    failures.md's and gpus.md's DESIGN.md, scaling_model.md's BENCHMARKS.md,
+    both pages' /work/shared/anchors path, and code citing DESIGN.md,
+    BENCHMARKS.md or /work/shared (restart.py, test_lars.py, bench,
+    scaling_model)."""
     this = os.path.relpath(os.path.abspath(__file__), REPO)
     bad = {}
     for rel in _tracked("*"):
@@ -456,7 +454,11 @@ def test_figures_in_prose_match_their_results_file(rel):
     from one, quotes only figures the file holds (a median, a launch's value
     or an end of a range, to the digits quoted; as a percentage, in ms or s,
     or inverted). A figure that comes from elsewhere belongs in a paragraph
-    that does not name the file, with its own source."""
+    that does not name the file, with its own source. Failed on a26b009 on
+    PERFORMANCE.md's "1.86-2.05" (the file gives 1.86-2.04), its 7.8 s bound
+    and 0.84 share (97.6 MB is MiB: 8.19 s and 0.88) and its piece-size
+    figures of an experimental build, and on scaling_model.md's figures
+    beside `racks_2x4x1_4to1` that the file does not hold."""
     all_results = results.load_all(RESULTS)
     values = {name: _file_values(r) for name, r in all_results.items()}
     bad = []
@@ -483,8 +485,8 @@ def _settings_rows():
 def test_every_setting_is_documented_with_its_scope():
     """knobs.md has a row for every setting of settings.def; settings.md
     lists every SHARED one in its table of compared settings and names every
-    PER_RANK one among those not compared (an old settings.md listed
-    DDL_AUTOTUNE_CYCLES neither way)."""
+    PER_RANK one among those not compared. Failed on a26b009: settings.md
+    listed DDL_AUTOTUNE_CYCLES neither way."""
     knobs, settings = _read("docs/knobs.md"), _read("docs/settings.md")
     compared = re.findall(r"^\| `(DDL_\w+)` +\|", settings, re.M)
     not_compared = settings[settings.index("Not compared"):]
@@ -501,7 +503,7 @@ def test_every_setting_is_documented_with_its_scope():
 
 def test_multinode_names_every_prefix_ddlrun_forwards():
     """multinode.md's list of the variables ddlrun exports under Open MPI is
-    ddlrun's own (an old page left out HOROVOD_)."""
+    ddlrun's own. Failed on a26b009: the page left out HOROVOD_."""
     import ast
     tree = ast.parse(_read("keras_ddl/runner/ddlrun.py"))
     prefixes = next(ast.literal_eval(node.value) for node in ast.walk(tree)
