@@ -160,3 +160,26 @@ def test_large_batch_study_refuses_several_ranks(tmp_path):
                           timeout=60, env=env)
     assert proc.returncode == 1 and "runs on one process" in proc.stderr, proc.stderr
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_autotune_example_runs_long_enough_for_the_tuner_by_default():
+    """examples/autotune_allreduce.py's default call count covers both
+    phases of DDL_AUTOTUNE=1 with the library's own defaults
+    (custom_ops/common/config.h), and follows the environment."""
+    sys.path.insert(0, EXAMPLES)
+    try:
+        import autotune_allreduce as example
+    finally:
+        sys.path.remove(EXAMPLES)
+    with open(os.path.join(os.path.dirname(EXAMPLES), "custom_ops", "common", "config.h")) as f:
+        config = f.read()
+    steps = int(re.search(r"int autotune_steps = (\d+);", config).group(1))
+    cycles = int(re.search(r"int autotune_cycles = (\d+);", config).group(1))
+    assert (example.DEFAULT_STEPS, example.DEFAULT_CYCLES) == (steps, cycles)
+    # The most a size class tries: 5 algorithms, 7 settings; the call that
+    # closes the last window; then the calls with the choice.
+    needed = steps * 5 + steps * 7 * cycles + 1
+    assert example.calls_to_finish({}) == needed + example.CALLS_AFTER_TUNING
+    assert example.calls_to_finish({"DDL_AUTOTUNE_STEPS": "2", "DDL_AUTOTUNE_CYCLES": "1"}) == (
+        2 * 5 + 2 * 7 + 1 + example.CALLS_AFTER_TUNING)
+    assert example.parse_args([]).calls == example.calls_to_finish(os.environ)
