@@ -326,7 +326,7 @@ def _cpp_initial_value(src, name, at):
 CPP_SITES = [
     (re.compile(r"\bStatus::(?!Ok\b)(\w+)\("), "Status::{}"),
     (re.compile(r"\babsl::(\w+Error)\("), "absl::{}"),
-    (re.compile(r"\bthrow\s+(std::\w+)\("), "throw {}"),
+    (re.compile(r"\bthrow\s+((?:std::)?[A-Z]?\w+)\("), "throw {}"),
     (re.compile(r"\b(?:std::)?fprintf\(\s*stderr\s*,"), "stderr"),
     (re.compile(r"\bprint_\("), "stderr"),
 ]

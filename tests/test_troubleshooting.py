@@ -12,7 +12,7 @@ running anything:
   fields and other values; a variable is followed to its last assignment
   in the function.
 - C++ (custom_ops/): every `Status::Code(...)`, `absl::...Error(...)`,
-  `throw std::...(...)`, `fprintf(stderr, ...)` and `print_(...)` (the
+  `throw X(...)`, `fprintf(stderr, ...)` and `print_(...)` (the
   autotuner's stderr), with `+` terms and printf conversions read the same
   way and a local string followed to its initializer; and texts made in one
   place and sent from another: a `return "..."` (a reason a caller puts
