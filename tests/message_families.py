@@ -9,6 +9,7 @@ it, and every message with the same start is covered by the same entry.
 """
 
 import ast
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -401,8 +402,9 @@ def cpp_messages():
     return found
 
 
+@functools.lru_cache(maxsize=1)
 def all_messages():
-    return python_messages() + cpp_messages()
+    return tuple(python_messages() + cpp_messages())
 
 
 def family(template, words=4):
