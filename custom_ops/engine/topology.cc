@@ -244,10 +244,10 @@ RackPlace DetectRack(const std::function<const char*(const char*)>& getenv,
 std::string Topology::Describe() const {
   const int nodes = static_cast<int>(rack_of_node.size());
   if (racks.size() <= 1) {
-    return (uncertain ? "the probe could not tell: " : source.empty() ? "no topology given: "
-                                                                        : "one switch: ") +
-           std::to_string(nodes) + " node(s)" +
-           (source.empty() || uncertain ? "" : " (" + source + ")");
+    const std::string count = std::to_string(nodes) + " node(s)";
+    if (uncertain) return "the probe could not tell: " + count;
+    if (source.empty()) return "no topology given: " + count;
+    return "one switch: " + count + " (" + source + ")";
   }
   std::string out = std::to_string(racks.size()) + " racks";
   out += nodes_per_rack > 0 ? " x " + std::to_string(nodes_per_rack) + " nodes"
