@@ -23,7 +23,7 @@ import sys
 from . import results as R
 from .rates import parse_rate
 
-DOCS = ("README.md", "docs/PERFORMANCE.md")
+DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/topology.md")
 BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- /results:(?P=view) -->)", re.S)
 
@@ -190,6 +190,64 @@ def view_racks_allreduce(result, sizes=None):
     return lines
 
 
+# How the untold views name each method of `bench allreduce --cluster
+# ... --no-topology` (its --algorithms).
+UNTOLD_LABELS = {"auto": "auto, nothing told", "flat": "one-switch schedules",
+                 "hierarchical": "one-switch schedules", "probe": "auto, DDL_TOPOLOGY=probe",
+                 "racks": "racks asked for"}
+
+
+def view_untold_allreduce(result, sizes=None):
+    """bench allreduce --cluster RxNxL --no-topology: racks nobody
+    described; each method asked for (auto, the one-switch schedules, the
+    probe) against MPICH in the same launch, what each ran across nodes,
+    and the first method's share of the bound."""
+    launch = result["launches"][0]
+    rows = _rows(result, "rows", sizes)
+    schedules = _rows(result, "schedules")
+    methods = [s["key"] for s in schedules]
+    first = methods[0]
+    label = lambda m: UNTOLD_LABELS.get(m, m)  # noqa: E731
+    head = (["size", "bound (ms)", "MPICH (ms)"] + [f"{label(m)} (ms)" for m in methods] +
+            [f"{label(first)}: share of the bound"] + [f"{label(m)}: over MPICH" for m in methods])
+    two_level = next((m for m in methods if m in ("flat", "hierarchical")), None)
+    if two_level and two_level != first:
+        head.append(f"{label(first)}: over the one-switch schedules")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
+    for r in rows:
+        cells = ([r["key"], _ms(r["bound_us"]["median"]), _range(r["mpi_us"], _ms)] +
+                 [_range(r[f"{m}_us"], _ms) for m in methods] +
+                 [_range(r[f"{first}_of_bound"], pct)] +
+                 [_range(r[f"{m}/mpi"], _ratio) for m in methods])
+        if two_level and two_level != first:
+            cells.append(_range(r[f"{two_level}/{first}"], _ratio))
+        lines.append("| " + " | ".join(cells) + " |")
+
+    def ran(s):
+        what = s["schedule"] if isinstance(s["schedule"], str) else "/".join(
+            sorted(set(s["schedule"]["values"])))
+        probe = s.get("probe_seconds")
+        if isinstance(probe, dict) and probe["max"] > 0:
+            what += (f", after a start-up probe of {probe['median']:.2f} s "
+                     f"({probe['min']:.2f}-{probe['max']:.2f})")
+        return f"{s['key']}: {what}"
+    racks, nodes = launch.get("racks", 1), launch.get("nodes", 0)
+    lines += ["", f"{racks} racks x {nodes // max(racks, 1)} nodes x "
+                  f"{launch.get('ranks_per_node', '?')} rank(s) per node, network namespaces "
+                  f"on one machine: node links {launch.get('rate', '?')} and rack uplinks "
+                  f"{launch.get('uplink', '?')} each way, hosts listed rack by rack; the ranks "
+                  "are told nothing about the racks (no `DDL_TOPOLOGY`, no "
+                  "`SLURM_TOPOLOGY_ADDR`)"
+                  + ("; `probe` sets `DDL_TOPOLOGY=probe`: the ranks measure the racks at "
+                     "init" if "probe" in methods else "") + "; float32 sum. "
+                  "What large calls across nodes ran (`ddl.topology()['schedule']`): "
+                  + "; ".join(ran(s) for s in schedules) + ". The bound is max(2(K-1)/K x "
+                  "size / node link, 2(R-1)/R x size / uplink) for K nodes in R racks; X over "
+                  "Y = Y's time / X's time in the same launch.", "", _source(result)]
+    return lines
+
+
 def _label_bytes(label):
     """'214 tensors, 97.6 MB' -> bytes; the benchmarks' MB, KB and GB are
     binary (2^20, 2^10, 2^30 bytes), as their size keys are ('64MB')."""
@@ -316,6 +374,8 @@ VIEWS = {
     "racks_2x4x1_1to1_small.allreduce": ("racks_2x4x1_1to1_small", view_racks_allreduce, {}),
     "racks_2x8x1.allreduce": ("racks_2x8x1", view_racks_allreduce, {}),
     "racks_2x8x1.gradients": ("racks_2x8x1", view_cluster_gradients, {}),
+    "racks_2x4x1_4to1_untold.allreduce": ("racks_2x4x1_4to1_untold", view_untold_allreduce, {}),
+    "racks_2x8x1_untold.allreduce": ("racks_2x8x1_untold", view_untold_allreduce, {}),
 }
 
 

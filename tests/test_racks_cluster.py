@@ -8,7 +8,9 @@ reduce-scatter: half of every buffer; ring all-gather: three quarters).
 Then, in the same launch, the ranks are told nothing (a second init
 without Slurm's variables): they say so, large calls take the chain in
 rank order, results are bitwise in rank order, and the chain crosses each
-uplink with the buffer once each way, as the rack allreduce does here."""
+uplink with the buffer once each way, as the rack allreduce does here.
+Last, with DDL_TOPOLOGY=probe, every rank holds rank 0's measured verdict,
+racks only when they are the right ones, and rank 0 prints its table."""
 
 import json
 import re
@@ -16,7 +18,8 @@ import re
 import pytest
 
 CASES = ["racks_learnt_from_slurm", "results_in_rack_order_on_every_rank", "three_16mb_allreduces",
-         "untold_topology", "untold_results_in_rank_order", "untold_three_16mb_allreduces"]
+         "untold_topology", "untold_results_in_rank_order", "untold_three_16mb_allreduces",
+         "probe_measured_the_racks", "probe_results_match_the_schedule_it_chose"]
 _RUN = {}
 
 
@@ -67,6 +70,20 @@ def test_uplinks_carried_what_the_rack_allreduce_sends_across(launcher):
     chained = untold[0]["flat_bytes"]
     assert chained > 48e6, records
     payload += chained
+    # Last, DDL_TOPOLOGY=probe: in each of 3 rounds a pass sends at most 2
+    # messages of 256 KiB across each uplink each way (100 Mbit/s keeps
+    # them at the first size), up to 2 passes after the sizing round.
+    probe = (1 + 2 * 4) * (256 << 10)
     for rack, (out, arrived) in enumerate(uplinks):
-        assert payload <= out <= 1.2 * payload, (rack, out, arrived, payload)
-        assert payload <= arrived <= 1.2 * payload, (rack, out, arrived, payload)
+        assert payload <= out <= 1.2 * payload + probe, (rack, out, arrived, payload)
+        assert payload <= arrived <= 1.2 * payload + probe, (rack, out, arrived, payload)
+
+
+def test_the_probe_printed_what_it_measured(launcher):
+    """Rank 0's table: every pair's rate and the verdict, with its time."""
+    proc, _, _ = racks_run(launcher)
+    at = proc.stderr.find("keras_ddl topology probe: 4 nodes")
+    assert at >= 0, proc.stderr[-3000:]
+    table = proc.stderr[at:]
+    assert re.search(r"pair rates in MB/s.*\n.*node 3 \(p\d\)", table, re.S), table[:2000]
+    assert re.search(r"verdict: (racks|one switch|unclear)", table), table[:2000]

@@ -28,9 +28,12 @@ import tempfile
 from ..cluster import MPI_ENV, NetnsCluster, find_mpiexec, parse_rate
 from .fit import _print_rows
 
-ALGORITHMS = ("auto", "hierarchical", "flat", "racks", "racks-fp16up")
-# What each name sets in the ranks' environment.
-ALGORITHM_ENV = {"racks-fp16up": {"DDL_ALLREDUCE": "racks", "DDL_UPLINK_COMPRESSION": "fp16"}}
+ALGORITHMS = ("auto", "hierarchical", "flat", "racks", "racks-fp16up", "probe")
+# What each name sets in the ranks' environment (otherwise DDL_ALLREDUCE=name).
+# probe: auto with the racks measured at init (with --no-topology, what a
+# job nobody described gets from DDL_TOPOLOGY=probe).
+ALGORITHM_ENV = {"racks-fp16up": {"DDL_ALLREDUCE": "racks", "DDL_UPLINK_COMPRESSION": "fp16"},
+                 "probe": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "probe"}}
 DEFAULT_ALGORITHMS = ("auto", "hierarchical", "flat")
 
 
