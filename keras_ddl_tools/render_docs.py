@@ -376,6 +376,8 @@ VIEWS = {
     "racks_2x8x1.gradients": ("racks_2x8x1", view_cluster_gradients, {}),
     "racks_2x4x1_4to1_untold.allreduce": ("racks_2x4x1_4to1_untold", view_untold_allreduce, {}),
     "racks_2x8x1_untold.allreduce": ("racks_2x8x1_untold", view_untold_allreduce, {}),
+    "racks_2x4x1_4to1_probe.allreduce": ("racks_2x4x1_4to1_probe", view_untold_allreduce, {}),
+    "racks_2x4x1_1to1_untold.allreduce": ("racks_2x4x1_1to1_untold", view_untold_allreduce, {}),
 }
 
 

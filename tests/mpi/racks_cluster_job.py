@@ -142,7 +142,9 @@ def probe_results_match_the_schedule_it_chose():
 
 def another_init(cases, traffic):
     """init() again with the environment as changed; cases reported as
-    run_cases does."""
+    run_cases does; rank 0 prints the part's seconds, init to shutdown (what
+    it adds to the launch)."""
+    began = time.time()
     basics.init()
     for fn in cases:
         start = time.time()
@@ -156,6 +158,8 @@ def another_init(cases, traffic):
     if traffic and os.environ.get("DDL_TEST_REPORT_TRAFFIC") == "1":
         report_traffic(ddl)
     basics.shutdown()
+    if COMM.rank == 0:
+        print(f"DDLPART {cases[0].__name__} {time.time() - began:.2f} s", flush=True)
 
 
 if __name__ == "__main__":
