@@ -82,6 +82,8 @@ def test_uplinks_carried_what_the_rack_allreduce_sends_across(launcher):
 def test_the_probe_printed_what_it_measured(launcher):
     """Rank 0's table: every pair's rate and the verdict, with its time."""
     proc, _, _ = racks_run(launcher)
+    # What the untold and probe parts add to the launch (shown with -rP).
+    print("\n".join(re.findall(r"^DDLPART .*$", proc.stdout, re.M)))
     at = proc.stderr.find("keras_ddl topology probe: 4 nodes")
     assert at >= 0, proc.stderr[-3000:]
     table = proc.stderr[at:]

@@ -113,7 +113,8 @@ def observations_from_results(directory, files=None):
     path's many flows per uplink which the model does not describe, and
     one link efficiency for both would fit neither (all rows: residuals
     up to +72%). The rack rows carry the schedule their commit ran
-    (rack_schedule)."""
+    (rack_schedule). Files whose ranks were not told their racks
+    (``topology_told`` false) stay out: their auto ran the chain."""
     import glob
     out = []
     paths = list(files) if files is not None else [
@@ -129,6 +130,8 @@ def observations_from_results(directory, files=None):
                  else f"{nodes}x{per_node}")
         if per_node != 1:
             continue   # the fit models one rank per node (no shared-memory stage)
+        if launch.get("topology_told") is False:
+            continue   # racks not told (--no-topology): auto ran the chain, not modelled
         schedule = rack_schedule(data.get("commits"))
         for row in data["tables"]["rows"]:
             size = _size_bytes(row["key"])
