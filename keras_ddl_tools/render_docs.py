@@ -23,7 +23,7 @@ import sys
 from . import results as R
 from .rates import parse_rate
 
-DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/topology.md")
+DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/topology.md", "docs/untold_network.md")
 BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- /results:(?P=view) -->)", re.S)
 

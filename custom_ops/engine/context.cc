@@ -77,7 +77,7 @@ Status Context::LearnRacks() {
   if (!s.ok()) return Status::InvalidArgument(s.message() + Where());
   if (topology.source == "probe") {
     // Measured by the whole job once; a process set takes the chain, as a
-    // network nobody described (docs/topology.md).
+    // network nobody described (docs/untold_network.md).
     ProbeVerdict verdict;
     if (process_set == 0) {
       std::vector<int> first_rank_of_node(topology.rack_of_node.size(), -1);

@@ -1,5 +1,5 @@
 // DDL_TOPOLOGY=probe: the racks measured at start-up instead of told
-// (docs/topology.md, "Finding the racks by measuring").
+// (docs/untold_network.md, "Finding the racks by measuring").
 //
 // One rank per node (each node's local rank 0) takes part. In round d,
 // d = 1 ... K-1, every node sends a few hundred KiB (see kProbeBytes) to
