@@ -15,6 +15,29 @@ namespace {
 
 std::atomic<bool> peer_failure_seen{false};
 
+// Marks a cycle's collective steps in a rank's activity (null: none): the
+// negotiation from construction, the data transfers from Next(), inside
+// one until destroyed.
+class ActivityStep {
+ public:
+  explicit ActivityStep(Activity* a) : a_(a) {
+    if (a_ == nullptr) return;
+    a_->step.fetch_add(1);
+    a_->inside = true;
+  }
+  void Next() {
+    if (a_ != nullptr) a_->step.fetch_add(1);
+  }
+  ~ActivityStep() {
+    if (a_ != nullptr) a_->inside = false;
+  }
+  ActivityStep(const ActivityStep&) = delete;
+  ActivityStep& operator=(const ActivityStep&) = delete;
+
+ private:
+  Activity* a_;
+};
+
 // The engine whose cycle this thread is running, if any.
 thread_local const Engine* cycle_owner = nullptr;
 
@@ -83,7 +106,8 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   std::vector<int> awaited;
   if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) awaited = timeout->unreachable();
   if (awaited.empty()) {
-    for (const auto* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
+    for (const auto* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get(),
+                          ctx_->rack_all.get(), ctx_->rack_row.get(), ctx_->rack_column.get()}) {
       if (t == nullptr) continue;
       for (int p : t->PendingPeers()) {
         if (std::find(awaited.begin(), awaited.end(), p) == awaited.end()) awaited.push_back(p);
@@ -94,10 +118,15 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   // At once: this node's ranks waiting on this one in shared memory learn
   // whom it lost, instead of timing out on it.
   if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(awaited);
-  // A probe answers within milliseconds; a host behind a cut link never
-  // does, so the patience bounds how long the report takes.
-  const double patience = std::min(3.0, std::max(1.0, ctx_->config.peer_timeout_s / 5));
-  const std::string report = DescribeFault(ctx_->peers, phase, e.what(), awaited, patience);
+  // The liveness judge probed every rank a moment ago when it gave up on
+  // the wait: its states are the report's. Otherwise (a transport error)
+  // probe now: a probe answers within milliseconds, a host behind a cut
+  // link never does, so the patience bounds how long the report takes.
+  std::vector<std::pair<int, PeerState>> states;
+  if (!ctx_->judge || !ctx_->judge->RecentStates(&states)) {
+    states = ctx_->peers.ProbeAll(ProbeJudge::Patience(ctx_->config.peer_timeout_s));
+  }
+  const std::string report = DescribeFault(ctx_->peers, phase, e.what(), awaited, states);
   if (!ctx_->end_process_on_peer_failure) {
     FailAll(Status::Aborted(report + ctx_->Where()));
     return;
@@ -115,6 +144,31 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   // seeing this one exit.
   std::this_thread::sleep_for(std::chrono::seconds(2));
   std::_Exit(kDataPathFailureExitCode);
+}
+
+// Not a lost peer but a bug or a broken invariant in keras_ddl itself (an
+// autotune table that does not parse, a logic error): said as such, on
+// this rank. The process ends as after a lost peer, and for the same
+// reason: this rank's part of the collective may have posted messages into
+// buffers that are about to be freed, and the other ranks wait for it.
+// They then find it gone and say so.
+void Engine::OnInternalError(const std::exception& e, const char* phase) {
+  const std::string report = std::string("internal error in ") + phase + ": " + e.what() +
+                             ". This is a bug in keras_ddl, not a lost peer: please report it "
+                             "with this line";
+  if (ctx_->node_memory) ctx_->node_memory->PostFailureNote({});
+  if (!ctx_->end_process_on_peer_failure) {
+    FailAll(Status::Internal(report + ctx_->Where()));
+    return;
+  }
+  std::fprintf(stderr,
+               "[keras_ddl] %s; keras_ddl ends this process now (exit code %d) so that the job "
+               "ends instead of hanging%s\n",
+               report.c_str(), kInternalErrorExitCode, ctx_->Where().c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::_Exit(kInternalErrorExitCode);
 }
 
 Engine::Engine(std::unique_ptr<Context> ctx)
@@ -376,9 +430,15 @@ bool Engine::GuardedCycle() {
   try {
     return RunCycle();
   } catch (const std::exception& e) {
+    // A transport error outside the guarded phases, or a throw of a done
+    // callback or of the engine's own bookkeeping: only the first may
+    // mean a lost rank.
+    const bool transport = dynamic_cast<const TransportError*>(&e) != nullptr;
     if (dynamic_cast<const PeerTimeout*>(&e)) peer_failure_seen = true;
-    std::string message = std::string("keras_ddl communication failed: ") + e.what() +
-                          "; a rank may have died" + ctx_->Where();
+    std::string message = transport ? std::string("keras_ddl communication failed: ") + e.what() +
+                                          "; a rank may have died" + ctx_->Where()
+                                    : std::string("keras_ddl failed inside a cycle: ") + e.what() +
+                                          ctx_->Where();
     std::fprintf(stderr, "[keras_ddl] %s\n", message.c_str());
     std::fflush(stderr);
     FailAll(Status::Aborted(message));
@@ -400,6 +460,9 @@ bool Engine::RunCycle() {
   }
 
   Negotiated outcome;
+  // Every rank of the set enters the same steps: a peer's judge compares
+  // its own step with this one's (liveness.h).
+  ActivityStep step(ctx_->activity.get());
   try {
     outcome = controller_.Negotiate(shutdown_requested_);
   } catch (const TransportError& e) {
@@ -407,6 +470,7 @@ bool Engine::RunCycle() {
     OnPeerFailure(e, "negotiation");
     return false;
   }
+  step.Next();
   // What runs is taken before the refused are finished: a done callback
   // may throw, and FailAll then reaches the taken works in runnable_.
   for (const std::string& name : outcome.run) {
@@ -436,8 +500,11 @@ bool Engine::RunCycle() {
   }
   try {
     executor_.Run(runnable_, outcome.active);
-  } catch (const std::exception& e) {
+  } catch (const TransportError& e) {
     OnPeerFailure(e, "a data transfer");
+    return false;
+  } catch (const std::exception& e) {
+    OnInternalError(e, "a data transfer");
     return false;
   }
   const bool ran_any = !runnable_.empty();
