@@ -65,6 +65,12 @@ std::string DescribeDifferences(const std::vector<std::string>& names,
   return problems;
 }
 
+std::string Number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
 // The smallest staging slot DDL_SHM_ARENA_MB may bring the arena to.
 constexpr size_t kMinSlotBytes = 64 * 1024;
 
@@ -190,7 +196,7 @@ Status Context::ChooseAllreduce() {
     const size_t least = ShmArena::SegmentBytes(local_size, slot, kNodeSlots);
     if (least > cap) {
       return Status::InvalidArgument(
-          "environment variable DDL_SHM_ARENA_MB=" + std::to_string(config.shm_arena_mb) +
+          "environment variable DDL_SHM_ARENA_MB=" + Number(config.shm_arena_mb) +
           " is too small for " + std::to_string(local_size) + " ranks per node: their staging "
           "area needs at least " + std::to_string(least) + " bytes (" +
           std::to_string(kNodeSlots) + " slots of 64 KiB per rank); raise it, or use "

@@ -73,11 +73,8 @@ NodeSegment::NodeSegment(ControlPlane& node, const std::string& name_token, size
     }
   }
   // Rank 0's outcome: "" or, first, '1' for a full /dev/shm, '0' otherwise.
-  std::vector<char> status;
-  if (!error.empty()) {
-    status.push_back(too_small ? '1' : '0');
-    status.insert(status.end(), error.begin(), error.end());
-  }
+  const std::string outcome = error.empty() ? "" : (too_small ? "1" : "0") + error;
+  std::vector<char> status(outcome.begin(), outcome.end());
   node.BroadcastBytes(status, 0);
   if (!status.empty()) {
     if (fd_ >= 0) close(fd_);

@@ -45,7 +45,7 @@ class InProcessGroup {
   InProcessGroup(int size, size_t max_message_bytes,
                  std::shared_ptr<Network> network = std::make_shared<Network>())
       : size_(size), max_message_bytes_(max_message_bytes), contributions_(size),
-        network_(std::move(network)) {
+        inbox_(size), network_(std::move(network)) {
     for (int r = 0; r < size; ++r) world_ranks_.push_back(r);
   }
   // The links of this group, its children's too.
@@ -93,7 +93,9 @@ class InProcessGroup {
       m.bytes.assign(p, p + bytes);
       m.message = id;
     }
-    arrived_.notify_all();
+    // Only the receiver wakes (hundreds of thread-ranks waking for every
+    // message would keep the cores from the ranks that have work).
+    inbox_[std::get<1>(s)].notify_all();
   }
   // Waits for the message (with `clock`'s timeout and judge, if it has a
   // timeout; else kPatience, then a deadlock error).
@@ -123,7 +125,7 @@ class InProcessGroup {
                       ? std::min(network_->Expected(it->second.message), now + kRecheck)
                       : Clock::time_point::max();
       wake = timed ? clock.Deadline(wake) : std::min(wake, patience_ends);
-      arrived_.wait_until(lock, wake);
+      inbox_[std::get<1>(s)].wait_until(lock, wake);
     }
     Take(key, data, bytes);
     clock.Progress();
@@ -135,6 +137,11 @@ class InProcessGroup {
     auto it = mail_.find({s, receives_[s]});
     if (it == mail_.end() || !network_->Arrived(it->second.message)) return -1;
     return static_cast<int64_t>(it->second.bytes.size());
+  }
+  // Waits up to `most` for a message to `rank` to arrive.
+  void Rest(int rank, std::chrono::microseconds most) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    inbox_[rank].wait_for(lock, most);
   }
   // Collect if the message is there, without waiting.
   bool TryCollect(const Stream& s, int64_t seq, void* data, size_t bytes) {
@@ -244,7 +251,8 @@ class InProcessGroup {
   int size_;
   size_t max_message_bytes_;
   std::mutex mutex_;
-  std::condition_variable arrived_;
+  std::condition_variable arrived_;  // a group operation completed
+  std::vector<std::condition_variable> inbox_;  // per rank: a message to it arrived
   std::map<Stream, int64_t> sends_, receives_;
   struct Mail {
     std::vector<char> bytes;
@@ -298,6 +306,10 @@ class InProcessRank : public ddl::Group {
   bool Test(Handle h) override {
     Message& m = messages_.at(static_cast<size_t>(h));
     if (!m.waited && m.seq >= 0 && !group_.TryCollect(m.stream, m.seq, m.data, m.bytes)) {
+      // A polling caller (the rack pipeline) on a thread-rank: hundreds of
+      // them would spend the machine's few cores polling each other, so a
+      // miss rests until a message to this rank arrives, or a moment.
+      group_.Rest(rank_, kTestRest);
       return false;
     }
     if (!m.waited) clock_.Progress();
@@ -440,6 +452,7 @@ class InProcessRank : public ddl::Group {
                            std::to_string(group_.max_message_bytes()));
     }
   }
+  static constexpr std::chrono::microseconds kTestRest{1000};
   std::shared_ptr<InProcessGroup> owned_;  // null for a group the caller owns
   InProcessGroup& group_;
   int rank_;
