@@ -138,11 +138,8 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   std::fflush(stderr);
   std::fflush(stdout);
   // The pending works are never finished, so the framework keeps their
-  // buffers alive while posted messages may still write into them. A
-  // moment's grace lets the other ranks, which lost progress at about the
-  // same time, report what they saw before the launcher ends them on
-  // seeing this one exit.
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // buffers alive while posted messages may still write into them.
+  AwaitOtherReports();
   std::_Exit(kDataPathFailureExitCode);
 }
 
@@ -167,8 +164,37 @@ void Engine::OnInternalError(const std::exception& e, const char* phase) {
                report.c_str(), kInternalErrorExitCode, ctx_->Where().c_str());
   std::fflush(stderr);
   std::fflush(stdout);
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  AwaitOtherReports();
   std::_Exit(kInternalErrorExitCode);
+}
+
+// The launcher ends the whole job when one rank's process exits: mpiexec's
+// proxy ends the other ranks of that host at once, the other hosts' ranks
+// as soon as word reaches them. A rank that exits right after its own
+// report would cut short the reports of the others, which lost progress
+// at about the same time but hit their own timeouts a moment later (a
+// node-mate still inside a data transfer when this one timed out in
+// negotiation). So this rank first says on the probe channel that it ends
+// (their judges then give up on it at once), and waits while any other
+// rank still answers a probe without having said so. Ranks that are gone,
+// stopped or cut off are not waited for. The bound is what another rank
+// may take to report: its own timeout, from a last progress no later than
+// now, then its judge's two probes and window, plus a margin.
+void Engine::AwaitOtherReports() {
+  ActivityBoard::Get().MarkEnding();
+  const double timeout = ctx_->config.peer_timeout_s;
+  const double patience = ProbeJudge::Patience(timeout);
+  const double bound = timeout > 0 ? timeout + 2 * patience + 1 + 3 : 10;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(bound);
+  while (std::chrono::steady_clock::now() < until) {
+    bool waiting = false;
+    for (const PeerView& v : ctx_->peers.Survey(patience, 0)) {
+      waiting = waiting || (v.state == PeerState::kAlive && !v.ending);
+    }
+    if (!waiting) return;
+    // A probe costs the peer a connection and a line: a few per second.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 Engine::Engine(std::unique_ptr<Context> ctx)

@@ -97,6 +97,10 @@ class Engine {
   // After an exception that is no transport's in `phase`: says it is an
   // internal error (not a lost peer), then ends the process as above.
   void OnInternalError(const std::exception& e, const char* phase);
+  // Before a rank that reported ends its process: waits until every other
+  // rank that still answers a probe has reported too, or a bound passes
+  // (see engine.cc).
+  void AwaitOtherReports();
   // "rank(s) [..]" that asked for shutdown this cycle (a collective step).
   std::string RanksShuttingDown();
 

@@ -169,6 +169,10 @@ void ReadActivity(const std::string& answer, int set, std::vector<PeerView>* vie
                   const std::vector<size_t>& peers) {
   std::istringstream lines(answer.size() > 1 ? answer.substr(1) : "");
   for (std::string line; std::getline(lines, line);) {
+    if (line == kEndingLine) {  // the whole process: every set of each of its ranks
+      for (size_t i : peers) (*views)[i].ending = true;
+      continue;
+    }
     std::istringstream row(line);
     std::string tag;
     long long rank = -1, its_set = -1;

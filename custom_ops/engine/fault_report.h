@@ -39,6 +39,9 @@ struct PeerView {
   uint64_t step = 0;       // collective steps its engine has entered
   bool inside = false;     // inside one now
   uint64_t moved = 0;      // bytes its transport has moved (Group::MovedBytes)
+  // Its process has printed its fault report and is about to end (waiting
+  // only for the other ranks to report theirs: see Engine::OnPeerFailure).
+  bool ending = false;
 };
 
 struct PeerIdentity {

@@ -67,7 +67,7 @@ void ActivityBoard::Remove(int world_rank, int set) {
 
 std::string ActivityBoard::Describe() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::string text;
+  std::string text = ending_ ? std::string(kEndingLine) + "\n" : "";
   for (const auto& [key, entry] : entries_) {
     text += "A " + std::to_string(key.first) + " " + std::to_string(key.second) + " " +
             std::to_string(entry.activity->step.load()) + " " +
@@ -108,6 +108,15 @@ std::string ProbeJudge::Judge(const QuietWait& wait) {
   // 1. A peer gone, stopped or cut off: the fault report names it.
   std::vector<int> lost = NotAlive(first);
   if (!lost.empty()) return GiveUp(first, "rank(s) [" + RankList(lost) + "] do not answer");
+  // 1b. A peer that reported a fault of its own and ends: it will not
+  // take part in this collective again.
+  std::vector<int> ending;
+  for (const PeerView& v : first) {
+    if (v.ending) ending.push_back(v.world_rank);
+  }
+  if (!ending.empty()) {
+    return GiveUp(first, "rank(s) [" + RankList(ending) + "] reported a fault and end");
+  }
   // 2. An awaited peer behind this collective and inside none: a hang.
   const uint64_t step = mine_->step.load();
   std::vector<int> outside;

@@ -46,6 +46,9 @@
 
 namespace ddl {
 
+// The activity line of a process that has reported a fault and ends.
+constexpr const char* kEndingLine = "E";
+
 // What one rank's engine of one process set is doing.
 struct Activity {
   // Collective steps entered: each cycle is two (its negotiation, then its
@@ -63,8 +66,14 @@ class ActivityBoard {
   // moved bytes and must outlive the entry.
   std::shared_ptr<Activity> Add(int world_rank, int set, const Group* transport);
   void Remove(int world_rank, int set);
-  // "A <world rank> <set> <step> <inside 0|1> <moved bytes>\n" per entry.
+  // "A <world rank> <set> <step> <inside 0|1> <moved bytes>\n" per entry,
+  // after kEndingLine once MarkEnding was called.
   std::string Describe() const;
+  // This process has printed its fault report and ends once the other
+  // ranks have printed theirs (or a bound passes): a peer's judge then
+  // gives up on its ranks at once, and a peer that ends waits no longer
+  // for them.
+  void MarkEnding() { ending_ = true; }
 
  private:
   struct Entry {
@@ -73,6 +82,7 @@ class ActivityBoard {
   };
   mutable std::mutex mutex_;
   std::map<std::pair<int, int>, Entry> entries_;
+  std::atomic<bool> ending_{false};
 };
 
 // The judge of one context's waits (all on its engine's cycle thread, or
