@@ -139,3 +139,59 @@ def test_autograph_calls_the_public_ops_as_they_are():
         return ddl.allreduce(x, op=ddl.Sum, name="autograph.check") * 2
 
     np.testing.assert_array_equal(step(tf.ones([3])).numpy(), [2.0, 2.0, 2.0])
+
+
+# The C boundary (custom_ops/bindings/c_api.cc). Run in a child process:
+# without the checks, a null buffer or a capacity of 0 wrote before the
+# buffer or into address 0 and ended the process.
+C_BOUNDARY = r"""
+import ctypes
+from keras_ddl.common import basics
+lib = basics.core_library()
+lib.ddl_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
+lib.ddl_topology.argtypes = [ctypes.c_char_p, ctypes.c_int]
+lib.ddl_last_error.restype = ctypes.c_char_p
+n = lib.ddl_mpi_library_version(None, 0)
+buf = ctypes.create_string_buffer(8)
+short = lib.ddl_mpi_library_version(buf, 8)
+print("VERSION", n, short, len(buf.value))
+assert lib.ddl_init() == 0
+print("TOPOLOGY", lib.ddl_topology(None, 100), lib.ddl_topology(None, 0))
+set_id = ctypes.c_int(-7)
+code = lib.ddl_add_process_set((ctypes.c_int * 1)(0), -1, ctypes.byref(set_id))
+print("ADD", code, set_id.value, lib.ddl_last_error().decode())
+print("SHUTDOWN", lib.ddl_shutdown())
+"""
+
+
+def test_c_entry_points_check_sizes_and_counts():
+    proc = subprocess.run([sys.executable, "-c", C_BOUNDARY], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = {line.split()[0]: line.split(maxsplit=1)[1] for line in proc.stdout.splitlines()
+             if line.split() and line.split()[0].isupper()}
+    n, short, written = map(int, lines["VERSION"].split())
+    # No buffer: the length only; 8 bytes: 7 characters and the NUL.
+    assert n > 8 and short == n and written == 7, lines
+    full, empty = map(int, lines["TOPOLOGY"].split())
+    assert full > 0 and full == empty, lines
+    code, set_id, message = lines["ADD"].split(maxsplit=2)
+    # n < 0 is the caller's mistake (1, InvalidArgument), named; no set made.
+    assert code == "1" and set_id == "-7" and "n = -1 ranks" in message, lines
+    assert lines["SHUTDOWN"] == "0", lines
+
+
+def test_shutdown_raises_the_cores_error(monkeypatch):
+    class FailingCore:
+        @staticmethod
+        def ddl_shutdown():
+            return 4
+
+        @staticmethod
+        def ddl_last_error():
+            return b"the engine thread could not be joined"
+
+    monkeypatch.setattr(basics, "_core", FailingCore())
+    with pytest.raises(RuntimeError, match=r"keras_ddl.shutdown\(\) failed: the engine thread "
+                                           r"could not be joined"):
+        ddl.shutdown()

@@ -1,16 +1,14 @@
 #include "rack_allreduce.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <thread>
 #include <vector>
 
 #include "../common/reduce_kernels.h"
 #include "../transport/tags.h"
+#include "../transport/wait.h"
 #include "ring.h"
 
 namespace ddl {
@@ -62,38 +60,27 @@ class RoundMessages {
   std::vector<Transport::Handle> handles_;
 };
 
-// The schedule's wait between passes that found nothing done: polls a
-// while (the message is often about to land), then yields its core
-// (ranks may outnumber cores), then naps up to 100 us (over TCP a message
-// needs both ends to poll). Idle() is true once nothing has moved for
-// kBlockAfter: then the caller blocks in the transport instead.
+// The schedule's wait between passes that found nothing done: the data
+// pace of transport/wait.h (the cap stays short: over TCP a message needs
+// both ends to poll). Idle() is true once nothing has moved for
+// kBlockAfter: then the caller blocks in the transport, whose wait has the
+// peer clock and its judge.
 class WaitBackoff {
  public:
   void Reset() {
-    passes_ = 0;
-    nap_ = std::chrono::microseconds(20);
+    backoff_.Reset();
     quiet_since_ = std::chrono::steady_clock::now();
   }
   bool Idle() {
-    ++passes_;
-    if (passes_ < kSpinPasses) return false;
-    if (passes_ < kSpinPasses + kYieldPasses) {
-      sched_yield();
-      return false;
-    }
-    std::this_thread::sleep_for(nap_);
-    nap_ = std::min(nap_ * 2, std::chrono::microseconds(100));
-    return std::chrono::steady_clock::now() - quiet_since_ > kBlockAfter;
+    backoff_.Pause();
+    return !backoff_.Spinning() && std::chrono::steady_clock::now() - quiet_since_ > kBlockAfter;
   }
 
  private:
-  static constexpr int kSpinPasses = 50;
-  static constexpr int kYieldPasses = 50;
   // Long next to a piece's message over a slow uplink (a 1 MB message at
   // 62 Mbit/s takes 130 ms), short next to any peer timeout.
   static constexpr std::chrono::milliseconds kBlockAfter{1000};
-  int passes_ = 0;
-  std::chrono::microseconds nap_{20};
+  Backoff backoff_{DataPace(50)};
   std::chrono::steady_clock::time_point quiet_since_ = std::chrono::steady_clock::now();
 };
 

@@ -1,5 +1,6 @@
 // extern "C" entry points for bindings that cannot use C++ (Python's ctypes
 // uses these for init/shutdown/topology and for tests of the kernels).
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,14 +16,9 @@ int Report(const ddl::Status& s) {
   return static_cast<int>(s.code());
 }
 
-template <typename Field>
-int Query(Field field) {
-  auto engine = ddl::CurrentEngine();
-  return engine ? field(engine->context()) : -1;
-}
-
 // No C++ exception may cross into the C caller: it becomes an error code
-// (-2) and the text of ddl_last_error().
+// (-2) and the text of ddl_last_error(). Every entry point that can throw
+// (a lock, an allocation, the engine) goes through it.
 template <typename Body>
 auto Guarded(Body body) -> decltype(body()) {
   try {
@@ -34,13 +30,64 @@ auto Guarded(Body body) -> decltype(body()) {
   }
   return static_cast<decltype(body())>(-2);
 }
+
+template <typename Field>
+int Query(Field field) {
+  return Guarded([&] {
+    auto engine = ddl::CurrentEngine();
+    return engine ? field(engine->context()) : -1;
+  });
+}
+
+// Writes at most `capacity` bytes of `text` (with the final NUL) to `out`
+// when it is not null and has room for the NUL; returns the full length.
+int CopyOut(const std::string& text, char* out, int capacity) {
+  if (out != nullptr && capacity > 0) {
+    const size_t n = std::min(text.size(), static_cast<size_t>(capacity) - 1);
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  }
+  return static_cast<int>(text.size());
+}
+
+// The racks the ranks agreed on, as ddl_topology's JSON.
+std::string TopologyJson(const ddl::Context& c) {
+  const ddl::Topology& t = c.topology;
+  auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char ch : s) {
+      if (ch == '"' || ch == '\\') q += '\\';
+      if (static_cast<unsigned char>(ch) >= 0x20) q += ch;
+    }
+    return q + "\"";
+  };
+  auto ints = [](const std::vector<int>& v) {
+    std::string a = "[";
+    for (size_t i = 0; i < v.size(); ++i) a += (i ? ", " : "") + std::to_string(v[i]);
+    return a + "]";
+  };
+  std::string names = "[";
+  for (size_t i = 0; i < t.racks.size(); ++i) names += (i ? ", " : "") + quoted(t.racks[i]);
+  names += "]";
+  std::string schedule;
+  const std::string description = c.DescribeNetwork(&schedule);
+  return "{\"racks\": " + names + ", \"rack_of_rank\": " + ints(t.rack_of_rank) +
+         ", \"node_of_rank\": " + ints(t.node_of_rank) +
+         ", \"nodes_per_rack\": " + std::to_string(t.nodes_per_rack) +
+         ", \"source\": " + quoted(t.source) + ", \"used\": " + (c.racks ? "true" : "false") +
+         ", \"probe_seconds\": " + std::to_string(t.probe_seconds) +
+         ", \"schedule\": " + quoted(schedule) + ", \"description\": " + quoted(description) +
+         "}";
+}
+
 }  // namespace
 
 extern "C" {
 
 int ddl_init() { return Guarded([] { return Report(ddl::Initialize()); }); }
-void ddl_shutdown() {
-  Guarded([] {
+// 0, or an error code with ddl_last_error() (Python raises it).
+int ddl_shutdown() {
+  return Guarded([] {
     ddl::Shutdown();
     return 0;
   });
@@ -66,51 +113,28 @@ int ddl_allreduce_algorithm() {
 // The racks the ranks agreed on, as JSON: {"racks": [names], "rack_of_rank":
 // [...], "node_of_rank": [...], "nodes_per_rack": N, "source": "...",
 // "used": true|false, "probe_seconds": S, "schedule": "racks|chain|pairwise|none",
-// "description":
-// "..."} (Context::DescribeNetwork). Writes at most `capacity`
-// bytes (with the final NUL) and returns the full length, or -1 when not
-// initialised.
+// "description": "..."} (Context::DescribeNetwork). Writes at most `capacity`
+// bytes (with the final NUL; nothing with a null `out` or no capacity) and
+// returns the full length, or -1 when not initialised.
 int ddl_topology(char* out, int capacity) {
-  auto engine = ddl::CurrentEngine();
-  if (!engine) return -1;
-  const ddl::Context& c = engine->context();
-  const ddl::Topology& t = c.topology;
-  auto quoted = [](const std::string& s) {
-    std::string q = "\"";
-    for (char ch : s) {
-      if (ch == '"' || ch == '\\') q += '\\';
-      if (static_cast<unsigned char>(ch) >= 0x20) q += ch;
-    }
-    return q + "\"";
-  };
-  auto ints = [](const std::vector<int>& v) {
-    std::string a = "[";
-    for (size_t i = 0; i < v.size(); ++i) a += (i ? ", " : "") + std::to_string(v[i]);
-    return a + "]";
-  };
-  std::string names = "[";
-  for (size_t i = 0; i < t.racks.size(); ++i) names += (i ? ", " : "") + quoted(t.racks[i]);
-  names += "]";
-  std::string schedule;
-  const std::string description = c.DescribeNetwork(&schedule);
-  const std::string json = "{\"racks\": " + names + ", \"rack_of_rank\": " +
-                           ints(t.rack_of_rank) + ", \"node_of_rank\": " + ints(t.node_of_rank) +
-                           ", \"nodes_per_rack\": " + std::to_string(t.nodes_per_rack) +
-                           ", \"source\": " + quoted(t.source) + ", \"used\": " +
-                           (c.racks ? "true" : "false") + ", \"probe_seconds\": " +
-                           std::to_string(t.probe_seconds) + ", \"schedule\": " +
-                           quoted(schedule) + ", \"description\": " + quoted(description) + "}";
-  if (capacity > 0) {
-    std::strncpy(out, json.c_str(), capacity - 1);
-    out[capacity - 1] = '\0';
-  }
-  return static_cast<int>(json.size());
+  return Guarded([&] {
+    auto engine = ddl::CurrentEngine();
+    return engine ? CopyOut(TopologyJson(engine->context()), out, capacity) : -1;
+  });
 }
 
 // Collective over every rank: a process set of the `n` world ranks in
 // `ranks` (sorted, distinct, the same on every rank); its id in *id.
 int ddl_add_process_set(const int* ranks, int n, int* id) {
   return Guarded([&] {
+    // Refused before the collective, as every rank refuses the same call.
+    if (n < 0 || (n > 0 && ranks == nullptr) || id == nullptr) {
+      return Report(ddl::Status::InvalidArgument(
+          "add_process_set: " + std::string(n < 0 ? "n = " + std::to_string(n) + " ranks"
+                                            : ranks == nullptr ? "no ranks array"
+                                                               : "no place for the id") +
+          " (expected n >= 0 ranks and an id pointer)"));
+    }
     return Report(ddl::AddProcessSet(std::vector<int>(ranks, ranks + n), id));
   });
 }
@@ -118,14 +142,18 @@ int ddl_add_process_set(const int* ranks, int n, int* id) {
 // This rank's rank in process set `id`, and the set's size; -1 when this
 // rank is not a member or the set does not exist.
 int ddl_process_set_rank(int id) {
-  std::string why;
-  auto engine = ddl::EngineOf(id, &why);
-  return engine ? engine->context().rank : -1;
+  return Guarded([id] {
+    std::string why;
+    auto engine = ddl::EngineOf(id, &why);
+    return engine ? engine->context().rank : -1;
+  });
 }
 int ddl_process_set_size(int id) {
-  std::string why;
-  auto engine = ddl::EngineOf(id, &why);
-  return engine ? engine->context().size : -1;
+  return Guarded([id] {
+    std::string why;
+    auto engine = ddl::EngineOf(id, &why);
+    return engine ? engine->context().size : -1;
+  });
 }
 
 // Adds a marker to rank 0's timeline (no-op elsewhere or without one).
@@ -133,6 +161,7 @@ int ddl_timeline_mark(const char* label) {
   return Guarded([label] {
     auto engine = ddl::CurrentEngine();
     if (!engine) return -1;
+    if (label == nullptr) return -3;
     if (engine->context().timeline) engine->context().timeline->Marker(label);
     return 0;
   });
@@ -140,34 +169,40 @@ int ddl_timeline_mark(const char* label) {
 
 // Bytes moved by this rank: [intra-node, cross-node, flat ring, results
 // delivered in shared-memory outputs, sent by alltoall, allreduced over
-// racks with one rank per node]. Returns 0,
-// or -1 when not initialised.
+// racks with one rank per node] (room for 6). Returns 0, -1 when not
+// initialised, -3 without `out`.
 int ddl_traffic(uint64_t* out) {
-  auto engine = ddl::CurrentEngine();
-  if (!engine) return -1;
-  out[0] = engine->traffic().intra_node_bytes.load();
-  out[1] = engine->traffic().cross_node_bytes.load();
-  out[2] = engine->traffic().flat_bytes.load();
-  out[3] = engine->traffic().shared_output_bytes.load();
-  out[4] = engine->traffic().alltoall_bytes.load();
-  out[5] = engine->traffic().rack_bytes.load();
-  return 0;
+  return Guarded([out] {
+    if (out == nullptr) return -3;
+    auto engine = ddl::CurrentEngine();
+    if (!engine) return -1;
+    out[0] = engine->traffic().intra_node_bytes.load();
+    out[1] = engine->traffic().cross_node_bytes.load();
+    out[2] = engine->traffic().flat_bytes.load();
+    out[3] = engine->traffic().shared_output_bytes.load();
+    out[4] = engine->traffic().alltoall_bytes.load();
+    out[5] = engine->traffic().rack_bytes.load();
+    return 0;
+  });
 }
 
 // The fusion threshold (MB) and cycle time (ms) in force, which
-// DDL_AUTOTUNE=1 may have changed, in out[0] and out[1]. Returns 0, or -1
-// when not initialised.
+// DDL_AUTOTUNE=1 may have changed, in out[0] and out[1]. Returns 0, -1
+// when not initialised, -3 without `out`.
 int ddl_settings_in_force(double* out) {
-  auto engine = ddl::CurrentEngine();
-  if (!engine) return -1;
-  const ddl::AutotuneSetting s = engine->settings();
-  out[0] = s.fusion_threshold_mb;
-  out[1] = s.cycle_time_ms;
-  return 0;
+  return Guarded([out] {
+    if (out == nullptr) return -3;
+    auto engine = ddl::CurrentEngine();
+    if (!engine) return -1;
+    const ddl::AutotuneSetting s = engine->settings();
+    out[0] = s.fusion_threshold_mb;
+    out[1] = s.cycle_time_ms;
+    return 0;
+  });
 }
 
 // The MPI library this core was linked against, to check that mpi4py in
-// the same process uses the same one.
+// the same process uses the same one. Writes as ddl_topology does.
 int ddl_mpi_library_version(char* out, int capacity);
 
 // Float <-> 16-bit conversions, exposed so tests compare them with numpy.
@@ -179,8 +214,5 @@ float ddl_bfloat16_to_float(uint16_t b) { return ddl::BFloat16ToFloat(b); }
 }  // extern "C"
 
 extern "C" int ddl_mpi_library_version(char* out, int capacity) {
-  const std::string version = ddl::TransportLibraryVersion();
-  std::strncpy(out, version.c_str(), capacity - 1);
-  out[capacity - 1] = '\0';
-  return static_cast<int>(version.size());
+  return Guarded([&] { return CopyOut(ddl::TransportLibraryVersion(), out, capacity); });
 }

@@ -34,6 +34,11 @@ struct Config {
   // may occupy (committed as used); beyond it, and with 0, results are
   // copied out of shared memory into ordinary tensors.
   double shm_pool_mb = 1024.0;
+  // DDL_SHM_ARENA_MB: per node, the most shared memory the staging area
+  // of the node's allreduce may take (committed at init; 0: the size its
+  // path needs, ranks x 4 slots of 256 KiB-4 MiB). Smaller caps make
+  // smaller slots, down to 64 KiB; every node uses the same slots.
+  double shm_arena_mb = 0.0;
   double peer_timeout_s = 15.0;       // DDL_PEER_TIMEOUT_S, 0 = never: silence => dead peer
   int spin_polls = 50;                // DDL_SPIN_POLLS: busy polls before a wait yields
   EnginePriority engine_priority = EnginePriority::kAuto;  // DDL_ENGINE_PRIORITY

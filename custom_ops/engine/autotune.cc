@@ -420,6 +420,15 @@ bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* 
       *why = "malformed line '" + line + "'";
       return false;
     }
+    // A choice this keras_ddl would no longer make (a candidate since
+    // capped below this size, as the one-round exchanges are below 1 MiB):
+    // the table is refused and the job measures again, rather than run a
+    // setup known to pass the peer timeout on slow links.
+    if (chosen >= 0 && !Tried(chosen, c)) {
+      *why = "it chose " + candidates_[chosen].name + " for batches of " + ClassName(c) +
+             ", which this keras_ddl no longer tries at that size";
+      return false;
+    }
     t.chosen.push_back(chosen);
     t.median.push_back(medians);
   }

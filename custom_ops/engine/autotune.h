@@ -168,8 +168,9 @@ class Autotuner {
   std::string DescribeAlgorithms(const std::string& how) const;
   std::string DescribeSettings(const std::string& how) const;
   // The saved form and back; Parse fails (with the reason) on another
-  // candidate list, a malformed text or, with `check_shape`, another
-  // shape. What rank 0 broadcasts is parsed without the shape check: a
+  // candidate list, a choice of a candidate this build does not try at
+  // that size (Tried), a malformed text or, with `check_shape`, another
+  // shape. A refused file is measured again (Start warns, naming it). What rank 0 broadcasts is parsed without the shape check: a
   // job whose nodes differ in size shows each rank another local size,
   // and rank 0's shape is the one that counts.
   std::string Serialize() const;

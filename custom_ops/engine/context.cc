@@ -67,12 +67,44 @@ std::string DescribeDifferences(const std::vector<std::string>& names,
   return problems;
 }
 
+std::string Number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+// The smallest staging slot DDL_SHM_ARENA_MB may bring the arena to.
+constexpr size_t kMinSlotBytes = 64 * 1024;
+
 }  // namespace
+
+Status AgreeOnOutcome(ControlPlane& world, const Status& mine) {
+  // Every rank learns which ranks failed; the lowest one's error (its code
+  // as the first byte) goes to every rank, so all return the same error
+  // together instead of some waiting for the others in the next step.
+  const std::vector<int64_t> failed = world.AllgatherInt64(mine.ok() ? 0 : 1);
+  const int first = static_cast<int>(std::find(failed.begin(), failed.end(), 1) - failed.begin());
+  if (first == world.size()) return Status::Ok();
+  std::vector<char> message;
+  if (world.rank() == first) {
+    message.push_back(static_cast<char>(mine.code()));
+    message.insert(message.end(), mine.message().begin(), mine.message().end());
+  }
+  world.BroadcastBytes(message, first);
+  if (message.empty()) return Status::Internal("an empty error from rank " + std::to_string(first));
+  const int me = world.WorldRank(world.rank());
+  const int them = world.WorldRank(first);
+  std::string text(message.begin() + 1, message.end());
+  if (them != me) text += " (on rank " + std::to_string(them) + "; reported by rank " +
+                          std::to_string(me) + ")";
+  return Status(static_cast<Status::Code>(message[0]), text);
+}
 
 Status Context::LearnRacks() {
   // The node's id: the job-wide rank of its local rank 0.
   const int64_t node_id = local->AllgatherInt64(world_rank)[0];
-  const RackPlace mine = DetectRack([](const char* n) { return std::getenv(n); }, HostName());
+  const Environment process = [](const char* n) -> const char* { return std::getenv(n); };
+  const RackPlace mine = DetectRack(racks_from_ ? racks_from_ : process, HostName());
   Status s = AgreeOnTopology(*world, mine, node_id, &topology);
   if (!s.ok()) return Status::InvalidArgument(s.message() + Where());
   if (topology.source == "probe") {
@@ -119,6 +151,7 @@ Status Context::LearnRacks() {
   for (Group* g : {rack_all.get(), rack_row.get(), rack_column.get()}) {
     g->SetPeerTimeout(config.peer_timeout_s);
     g->SetSpinPolls(config.spin_polls);
+    g->SetLiveness(judge.get());
   }
   return Status::Ok();
 }
@@ -163,12 +196,39 @@ Status Context::ChooseAllreduce() {
     use_node_memory = local_size > 1;  // LearnRacks refused uneven nodes
   }
   if (!use_node_memory) return Status::Ok();
-  // Ranks grouped by DDL_LOCAL_SIZE must really share memory.
+  // Ranks grouped by DDL_LOCAL_SIZE must really share memory. Checked per
+  // node, agreed by the world: every rank fails together.
+  Status shares = Status::Ok();
   if (local->SplitByMachine(local_rank)->size() != local_size) {
-    return Status::InvalidArgument(
+    shares = Status::InvalidArgument(
         "the ranks of a node (DDL_LOCAL_SIZE=" + std::to_string(local_size) +
         ") do not all share memory on one machine; use a DDL_LOCAL_SIZE that divides the ranks "
         "per machine, or DDL_ALLREDUCE=flat" + Where());
+  }
+  Status s = AgreeOnOutcome(*world, shares);
+  if (!s.ok()) return s;
+  // The staging slots: the path's size, or smaller within DDL_SHM_ARENA_MB
+  // (the same on every node: a chunk's slices cross nodes together).
+  // The chain across 3 or more nodes fills and drains once per chunk:
+  // the rack allreduce's larger chunks keep that a small part of each.
+  const bool chain_across = network == NetworkShape::kUnknown && cross_size >= 3;
+  size_t slot = racks || chain_across ? kRackChunkBytes
+                : cross_size > 1      ? kCrossNodeChunkBytes
+                                      : kNodeChunkBytes;
+  if (config.shm_arena_mb > 0) {
+    const size_t cap = static_cast<size_t>(config.shm_arena_mb * 1024 * 1024);
+    while (slot > kMinSlotBytes && ShmArena::SegmentBytes(local_size, slot, kNodeSlots) > cap) {
+      slot /= 2;
+    }
+    const size_t least = ShmArena::SegmentBytes(local_size, slot, kNodeSlots);
+    if (least > cap) {
+      return Status::InvalidArgument(
+          "environment variable DDL_SHM_ARENA_MB=" + Number(config.shm_arena_mb) +
+          " is too small for " + std::to_string(local_size) + " ranks per node: their staging "
+          "area needs at least " + std::to_string(least) + " bytes (" +
+          std::to_string(kNodeSlots) + " slots of 64 KiB per rank); raise it, or use "
+          "DDL_ALLREDUCE=flat" + Where());
+    }
   }
   // A name unique to this job (rank 0's pid and clock) and node (the world
   // rank of its local rank 0).
@@ -177,20 +237,25 @@ Status Context::ChooseAllreduce() {
                       std::chrono::steady_clock::now().time_since_epoch().count() % 1000003
                 : 0);
   std::vector<int64_t> node_id = local->AllgatherInt64(rank);
-  // The chain across 3 or more nodes fills and drains once per chunk:
-  // the rack allreduce's larger chunks keep that a small part of each.
-  const bool chain_across = network == NetworkShape::kUnknown && cross_size >= 3;
+  // Committed here, so a /dev/shm too small for it is this error on every
+  // rank of the job, never a SIGBUS in the middle of an allreduce.
+  Status made = Status::Ok();
   try {
     node_memory = ShmArena::Create(*local, std::to_string(token[0]) + "." +
                                                std::to_string(node_id[0]),
-                                   racks || chain_across ? kRackChunkBytes
-                                   : cross_size > 1      ? kCrossNodeChunkBytes
-                                                         : kNodeChunkBytes,
-                                   kNodeSlots);
+                                   slot, kNodeSlots);
+  } catch (const ShmTooSmall& e) {
+    made = Status::FailedPrecondition(std::string(e.what()) + Where());
   } catch (const TransportError& e) {
-    return Status::Internal(std::string(e.what()) + Where());
+    made = Status::Internal(std::string(e.what()) + Where());
+  }
+  s = AgreeOnOutcome(*world, made);
+  if (!s.ok()) {
+    node_memory.reset();
+    return s;
   }
   node_memory->SetPeerTimeout(config.peer_timeout_s);
+  node_memory->SetLiveness(judge.get());
   hierarchical = cross_size > 1;
   if (local_size > 1 && config.shm_pool_mb > 0) {
     try {
@@ -271,6 +336,10 @@ std::string Context::DescribeNetwork(std::string* schedule) const {
   return how;
 }
 
+Context::~Context() {
+  if (activity) ActivityBoard::Get().Remove(world_rank, process_set);
+}
+
 std::string Context::Where() const {
   if (process_set == 0) return OnRank(world_rank);
   return " (rank " + std::to_string(world_rank) + ", process set " + std::to_string(process_set) +
@@ -294,6 +363,11 @@ Status Context::CreateForGroup(std::unique_ptr<Group> group, int process_set,
 
 Status Context::Build(std::unique_ptr<Group> base) {
   world = std::move(base);
+  // From here every wait has the peer timeout: the ranks have all come
+  // (the configuration, or a process set, was agreed), so a rank that
+  // stops answering is named instead of waited for forever.
+  world->SetPeerTimeout(config.peer_timeout_s);
+  world->SetSpinPolls(config.spin_polls);
   try {
     // Nodes are cut by world rank, so a process set's node groups are the
     // job's nodes restricted to the set.
@@ -311,6 +385,12 @@ Status Context::Build(std::unique_ptr<Group> base) {
     std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
     for (int64_t n : local_sizes) homogeneous &= (n == local_size);
     peers = PeerTable::Exchange(*world);
+    // Now the ranks can probe each other: every later wait asks the judge
+    // before it gives up (liveness.h).
+    activity = ActivityBoard::Get().Add(world_rank, process_set, world.get());
+    judge = std::make_unique<ProbeJudge>(peers, process_set, activity, world.get(),
+                                         config.peer_timeout_s, Where());
+    for (Group* g : {world.get(), local.get(), cross.get()}) g->SetLiveness(judge.get());
     Status s = LearnRacks();
     if (!s.ok()) return s;
     return ChooseAllreduce();
@@ -320,8 +400,10 @@ Status Context::Build(std::unique_ptr<Group> base) {
   }
 }
 
-Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* out) {
+Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* out,
+                       Environment racks_from) {
   auto ctx = std::make_unique<Context>();
+  ctx->racks_from_ = std::move(racks_from);
   ctx->rank = world->rank();
   ctx->size = world->size();
   ctx->world_rank = world->WorldRank(ctx->rank);
@@ -330,6 +412,9 @@ Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* o
     s = AgreeOnConfig(ctx.get(), *world);
     if (!s.ok()) return s;
     ctx->setup = world->Split(0, ctx->rank);
+    // add_process_set's rounds wait with deadlines of their own; its split
+    // waits for every rank with the peer timeout (MpiTransport::Split).
+    ctx->setup->SetPeerTimeout(ctx->config.peer_timeout_s);
   } catch (const TransportError& e) {
     return Status::Internal(std::string("setting up the world group failed: ") + e.what() +
                             ctx->Where());

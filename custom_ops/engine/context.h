@@ -4,6 +4,7 @@
 // a process set's Group; nothing here knows which transport it is.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "../algorithms/allreduce.h"
@@ -12,11 +13,18 @@
 #include "../transport/shm_pool.h"
 #include "../common/config.h"
 #include "fault_report.h"
+#include "liveness.h"
 #include "timeline.h"
 #include "topology.h"
 #include "../common/types.h"
 
 namespace ddl {
+
+// Collective over `world`: every rank's outcome of a step that may fail on
+// some ranks only. All return the lowest failing rank's error (naming
+// that rank elsewhere), or all Ok: no rank goes on alone into the next
+// collective while another has returned.
+Status AgreeOnOutcome(ControlPlane& world, const Status& mine);
 
 // Collective over `world`: compares every rank's Config::SharedSettings.
 // A difference is InvalidArgument on every rank, naming each setting that
@@ -66,6 +74,11 @@ struct Context {
   // Every rank's host, pid and probe address (fault_report.h), learnt
   // while the context is built.
   PeerTable peers;
+  // This rank's line on the process's activity board and the judge of its
+  // groups' waits (liveness.h), from the peer table on; the engine marks
+  // its collective steps in `activity`.
+  std::shared_ptr<Activity> activity;
+  std::unique_ptr<ProbeJudge> judge;
   // What a rank does once a peer is lost (Engine::OnPeerFailure): end its
   // process, so that no posted message writes into freed memory and the
   // launcher ends the job. The threads-as-ranks harness, whose ranks share
@@ -73,9 +86,21 @@ struct Context {
   // report and stops.
   bool end_process_on_peer_failure = true;
 
+  Context() = default;
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Where this rank reads DDL_TOPOLOGY and SLURM_TOPOLOGY_ADDR (topology.h):
+  // the process environment, or on the threads-as-ranks harness each
+  // thread-rank's own.
+  using Environment = std::function<const char*(const char*)>;
+
   // Collective over `world` (taken over): reads the configuration, agrees
   // on it with every rank and splits the world into node and cross groups.
-  static Status Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* out);
+  // `racks_from`: see Environment (null: the process environment).
+  static Status Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* out,
+                       Environment racks_from = nullptr);
   // A context over the ranks of `group` (taken over), with `config` already
   // agreed by every rank.
   static Status CreateForGroup(std::unique_ptr<Group> group, int process_set,
@@ -100,6 +125,7 @@ struct Context {
   // Learns the racks (every rank of `world` agrees) and, when they are
   // used, splits the rack groups.
   Status LearnRacks();
+  Environment racks_from_;
 };
 
 }  // namespace ddl

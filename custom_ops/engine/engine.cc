@@ -15,6 +15,29 @@ namespace {
 
 std::atomic<bool> peer_failure_seen{false};
 
+// Marks a cycle's collective steps in a rank's activity (null: none): the
+// negotiation from construction, the data transfers from Next(), inside
+// one until destroyed.
+class ActivityStep {
+ public:
+  explicit ActivityStep(Activity* a) : a_(a) {
+    if (a_ == nullptr) return;
+    a_->step.fetch_add(1);
+    a_->inside = true;
+  }
+  void Next() {
+    if (a_ != nullptr) a_->step.fetch_add(1);
+  }
+  ~ActivityStep() {
+    if (a_ != nullptr) a_->inside = false;
+  }
+  ActivityStep(const ActivityStep&) = delete;
+  ActivityStep& operator=(const ActivityStep&) = delete;
+
+ private:
+  Activity* a_;
+};
+
 // The engine whose cycle this thread is running, if any.
 thread_local const Engine* cycle_owner = nullptr;
 
@@ -83,7 +106,8 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   std::vector<int> awaited;
   if (auto* timeout = dynamic_cast<const PeerTimeout*>(&e)) awaited = timeout->unreachable();
   if (awaited.empty()) {
-    for (const auto* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get()}) {
+    for (const auto* t : {ctx_->world.get(), ctx_->local.get(), ctx_->cross.get(),
+                          ctx_->rack_all.get(), ctx_->rack_row.get(), ctx_->rack_column.get()}) {
       if (t == nullptr) continue;
       for (int p : t->PendingPeers()) {
         if (std::find(awaited.begin(), awaited.end(), p) == awaited.end()) awaited.push_back(p);
@@ -94,10 +118,15 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   // At once: this node's ranks waiting on this one in shared memory learn
   // whom it lost, instead of timing out on it.
   if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(awaited);
-  // A probe answers within milliseconds; a host behind a cut link never
-  // does, so the patience bounds how long the report takes.
-  const double patience = std::min(3.0, std::max(1.0, ctx_->config.peer_timeout_s / 5));
-  const std::string report = DescribeFault(ctx_->peers, phase, e.what(), awaited, patience);
+  // The liveness judge probed every rank a moment ago when it gave up on
+  // the wait: its states are the report's. Otherwise (a transport error)
+  // probe now: a probe answers within milliseconds, a host behind a cut
+  // link never does, so the patience bounds how long the report takes.
+  std::vector<std::pair<int, PeerState>> states;
+  if (!ctx_->judge || !ctx_->judge->RecentStates(&states)) {
+    states = ctx_->peers.ProbeAll(ProbeJudge::Patience(ctx_->config.peer_timeout_s));
+  }
+  const std::string report = DescribeFault(ctx_->peers, phase, e.what(), awaited, states);
   if (!ctx_->end_process_on_peer_failure) {
     FailAll(Status::Aborted(report + ctx_->Where()));
     return;
@@ -109,12 +138,63 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   std::fflush(stderr);
   std::fflush(stdout);
   // The pending works are never finished, so the framework keeps their
-  // buffers alive while posted messages may still write into them. A
-  // moment's grace lets the other ranks, which lost progress at about the
-  // same time, report what they saw before the launcher ends them on
-  // seeing this one exit.
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // buffers alive while posted messages may still write into them.
+  AwaitOtherReports();
   std::_Exit(kDataPathFailureExitCode);
+}
+
+// Not a lost peer but a bug or a broken invariant in keras_ddl itself (an
+// autotune table that does not parse, a logic error): said as such, on
+// this rank. The process ends as after a lost peer, and for the same
+// reason: this rank's part of the collective may have posted messages into
+// buffers that are about to be freed, and the other ranks wait for it.
+// They then find it gone and say so.
+void Engine::OnInternalError(const std::exception& e, const char* phase) {
+  const std::string report = std::string("internal error in ") + phase + ": " + e.what() +
+                             ". This is a bug in keras_ddl, not a lost peer: please report it "
+                             "with this line";
+  if (ctx_->node_memory) ctx_->node_memory->PostFailureNote({});
+  if (!ctx_->end_process_on_peer_failure) {
+    FailAll(Status::Internal(report + ctx_->Where()));
+    return;
+  }
+  std::fprintf(stderr,
+               "[keras_ddl] %s; keras_ddl ends this process now (exit code %d) so that the job "
+               "ends instead of hanging%s\n",
+               report.c_str(), kInternalErrorExitCode, ctx_->Where().c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  AwaitOtherReports();
+  std::_Exit(kInternalErrorExitCode);
+}
+
+// The launcher ends the whole job when one rank's process exits: mpiexec's
+// proxy ends the other ranks of that host at once, the other hosts' ranks
+// as soon as word reaches them. A rank that exits right after its own
+// report would cut short the reports of the others, which lost progress
+// at about the same time but hit their own timeouts a moment later (a
+// node-mate still inside a data transfer when this one timed out in
+// negotiation). So this rank first says on the probe channel that it ends
+// (their judges then give up on it at once), and waits while any other
+// rank still answers a probe without having said so. Ranks that are gone,
+// stopped or cut off are not waited for. The bound is what another rank
+// may take to report: its own timeout, from a last progress no later than
+// now, then its judge's two probes and window, plus a margin.
+void Engine::AwaitOtherReports() {
+  ActivityBoard::Get().MarkEnding();
+  const double timeout = ctx_->config.peer_timeout_s;
+  const double patience = ProbeJudge::Patience(timeout);
+  const double bound = timeout > 0 ? timeout + 2 * patience + 1 + 3 : 10;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(bound);
+  while (std::chrono::steady_clock::now() < until) {
+    bool waiting = false;
+    for (const PeerView& v : ctx_->peers.Survey(patience, 0)) {
+      waiting = waiting || (v.state == PeerState::kAlive && !v.ending);
+    }
+    if (!waiting) return;
+    // A probe costs the peer a connection and a line: a few per second.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 Engine::Engine(std::unique_ptr<Context> ctx)
@@ -376,9 +456,15 @@ bool Engine::GuardedCycle() {
   try {
     return RunCycle();
   } catch (const std::exception& e) {
+    // A transport error outside the guarded phases, or a throw of a done
+    // callback or of the engine's own bookkeeping: only the first may
+    // mean a lost rank.
+    const bool transport = dynamic_cast<const TransportError*>(&e) != nullptr;
     if (dynamic_cast<const PeerTimeout*>(&e)) peer_failure_seen = true;
-    std::string message = std::string("keras_ddl communication failed: ") + e.what() +
-                          "; a rank may have died" + ctx_->Where();
+    std::string message = transport ? std::string("keras_ddl communication failed: ") + e.what() +
+                                          "; a rank may have died" + ctx_->Where()
+                                    : std::string("keras_ddl failed inside a cycle: ") + e.what() +
+                                          ctx_->Where();
     std::fprintf(stderr, "[keras_ddl] %s\n", message.c_str());
     std::fflush(stderr);
     FailAll(Status::Aborted(message));
@@ -400,6 +486,9 @@ bool Engine::RunCycle() {
   }
 
   Negotiated outcome;
+  // Every rank of the set enters the same steps: a peer's judge compares
+  // its own step with this one's (liveness.h).
+  ActivityStep step(ctx_->activity.get());
   try {
     outcome = controller_.Negotiate(shutdown_requested_);
   } catch (const TransportError& e) {
@@ -407,6 +496,7 @@ bool Engine::RunCycle() {
     OnPeerFailure(e, "negotiation");
     return false;
   }
+  step.Next();
   // What runs is taken before the refused are finished: a done callback
   // may throw, and FailAll then reaches the taken works in runnable_.
   for (const std::string& name : outcome.run) {
@@ -436,8 +526,11 @@ bool Engine::RunCycle() {
   }
   try {
     executor_.Run(runnable_, outcome.active);
-  } catch (const std::exception& e) {
+  } catch (const TransportError& e) {
     OnPeerFailure(e, "a data transfer");
+    return false;
+  } catch (const std::exception& e) {
+    OnInternalError(e, "a data transfer");
     return false;
   }
   const bool ran_any = !runnable_.empty();

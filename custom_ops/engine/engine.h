@@ -30,6 +30,9 @@ namespace ddl {
 // Exit code of a process that keras_ddl ended after a failed collective
 // (in negotiation or in a data transfer alike).
 constexpr int kDataPathFailureExitCode = 70;
+// Exit code of a process that keras_ddl ended after an internal error (a
+// bug in keras_ddl, not a lost peer) in a collective.
+constexpr int kInternalErrorExitCode = 71;
 
 class Engine {
  public:
@@ -91,6 +94,13 @@ class Engine {
   // Returns only where the context keeps the process (the harness): every
   // work has then failed with the report, and no cycle may run again.
   void OnPeerFailure(const std::exception& e, const char* phase);
+  // After an exception that is no transport's in `phase`: says it is an
+  // internal error (not a lost peer), then ends the process as above.
+  void OnInternalError(const std::exception& e, const char* phase);
+  // Before a rank that reported ends its process: waits until every other
+  // rank that still answers a probe has reported too, or a bound passes
+  // (see engine.cc).
+  void AwaitOtherReports();
   // "rank(s) [..]" that asked for shutdown this cycle (a collective step).
   std::string RanksShuttingDown();
 

@@ -19,6 +19,7 @@
 
 #include "../common/util.h"
 #include "../transport/transport.h"
+#include "liveness.h"
 
 namespace ddl {
 
@@ -65,7 +66,15 @@ class Responder {
         }
         continue;
       }
-      (void)send(client, &kAnswer, 1, MSG_NOSIGNAL);
+      // The answer byte, then what this process's ranks are doing (one
+      // line per rank and process set; liveness.h), then the end.
+      const std::string answer = kAnswer + ActivityBoard::Get().Describe();
+      size_t sent = 0;
+      while (sent < answer.size()) {
+        const ssize_t n = send(client, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
+        if (n <= 0 && errno != EINTR) break;
+        if (n > 0) sent += static_cast<size_t>(n);
+      }
       close(client);
     }
   }
@@ -142,9 +151,47 @@ int Rank(PeerState s) {
 
 struct Probe {
   int fd = -1;
-  size_t peer = 0;  // index into the outcome list
+  size_t process = 0;  // index into the list of processes probed
   bool connected = false;
+  std::string answer;  // what the responder sent so far
 };
+
+// One process to probe: every peer rank it holds shares the outcome.
+struct Process {
+  std::vector<size_t> peers;  // indices into the survey
+  PeerState state = PeerState::kUnreachable;
+  std::string answer;         // the best probe's answer (for the activity lines)
+};
+
+// Reads the activity lines of an answer into the survey entries of the
+// process's ranks, for process set `set` (lines of other sets skipped).
+void ReadActivity(const std::string& answer, int set, std::vector<PeerView>* views,
+                  const std::vector<size_t>& peers) {
+  std::istringstream lines(answer.size() > 1 ? answer.substr(1) : "");
+  for (std::string line; std::getline(lines, line);) {
+    if (line == kEndingLine) {  // the whole process: every set of each of its ranks
+      for (size_t i : peers) (*views)[i].ending = true;
+      continue;
+    }
+    std::istringstream row(line);
+    std::string tag;
+    long long rank = -1, its_set = -1;
+    unsigned long long step = 0, moved = 0;
+    int inside = 0;
+    if (!(row >> tag >> rank >> its_set >> step >> inside >> moved) || tag != "A" ||
+        its_set != set) {
+      continue;
+    }
+    for (size_t i : peers) {
+      PeerView& v = (*views)[i];
+      if (v.world_rank != rank) continue;
+      v.known = true;
+      v.step = step;
+      v.inside = inside != 0;
+      v.moved = moved;
+    }
+  }
+}
 
 // Starts a connection to address:port; -1 if it failed at once (then
 // `refused` says whether the host said no).
@@ -211,18 +258,46 @@ std::string PeerTable::Name(int world_rank) const {
 }
 
 std::vector<std::pair<int, PeerState>> PeerTable::ProbeAll(double patience_s) const {
+  std::vector<std::pair<int, PeerState>> states;
+  for (const PeerView& v : Survey(patience_s, 0)) states.emplace_back(v.world_rank, v.state);
+  return states;
+}
+
+std::vector<PeerView> PeerTable::Survey(double patience_s, int set) const {
   const PeerIdentity& me = Me();
-  std::vector<std::pair<int, PeerState>> outcome;
+  std::vector<PeerView> views;
+  std::vector<Process> processes;
   std::vector<Probe> probes;
+  // Ranks of one process (threads as ranks in tests) are probed once.
+  std::vector<std::string> keys;
   for (const PeerIdentity& p : peers_) {
     if (p.world_rank == me.world_rank) continue;
-    const size_t index = outcome.size();
-    outcome.emplace_back(p.world_rank, PeerState::kUnreachable);
+    views.push_back({});
+    views.back().world_rank = p.world_rank;
+    const std::string key = p.host + "\n" + std::to_string(p.pid) + "\n" + std::to_string(p.port);
+    const size_t at = std::find(keys.begin(), keys.end(), key) - keys.begin();
+    if (at < keys.size()) {
+      processes[at].peers.push_back(views.size() - 1);
+      continue;
+    }
+    keys.push_back(key);
+    processes.push_back({});
+    processes.back().peers.push_back(views.size() - 1);
+    Process& process = processes.back();
+    if (p.host == me.host && p.pid == me.pid) {
+      // Ranks of this very process (threads as ranks; process sets): alive,
+      // and its board is what its responder would answer. Read directly,
+      // so hundreds of thread-ranks judging at once do not queue on the
+      // one responder thread and time out as "stopped".
+      process.state = PeerState::kAlive;
+      process.answer = kAnswer + ActivityBoard::Get().Describe();
+      continue;
+    }
     std::vector<std::string> addresses;
     if (p.host == me.host) {
       const PeerState seen = StateFromProc(p.pid);
       if (seen != PeerState::kAlive) {
-        outcome[index].second = seen;
+        process.state = seen;
         continue;
       }
       addresses = {"127.0.0.1"};
@@ -240,16 +315,19 @@ std::vector<std::pair<int, PeerState>> PeerTable::ProbeAll(double patience_s) co
       bool refused = false;
       const int fd = StartConnect(a, p.port, &refused);
       if (fd >= 0) {
-        probes.push_back({fd, index, false});
-      } else if (refused && outcome[index].second == PeerState::kUnreachable) {
-        outcome[index].second = PeerState::kGone;
+        probes.push_back({fd, processes.size() - 1, false, {}});
+      } else if (refused && process.state == PeerState::kUnreachable) {
+        process.state = PeerState::kGone;
       }
     }
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(patience_s);
   auto settle = [&](Probe& probe, PeerState state) {
-    PeerState& best = outcome[probe.peer].second;
-    if (Rank(state) > Rank(best)) best = state;
+    Process& process = processes[probe.process];
+    if (Rank(state) > Rank(process.state)) {
+      process.state = state;
+      process.answer = probe.answer;
+    }
     close(probe.fd);
     probe.fd = -1;
   };
@@ -279,16 +357,31 @@ std::vector<std::pair<int, PeerState>> PeerTable::ProbeAll(double patience_s) co
         }
         continue;
       }
-      char answer = 0;
-      const ssize_t got = recv(probe.fd, &answer, 1, 0);
-      settle(probe, got == 1 && answer == kAnswer ? PeerState::kAlive : PeerState::kGone);
+      // The answer byte, then activity lines, until the responder closes.
+      char chunk[4096];
+      const ssize_t got = recv(probe.fd, chunk, sizeof chunk, 0);
+      if (got > 0) {
+        probe.answer.append(chunk, static_cast<size_t>(got));
+        continue;
+      }
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      settle(probe, !probe.answer.empty() && probe.answer[0] == kAnswer ? PeerState::kAlive
+                                                                         : PeerState::kGone);
     }
   }
-  // Accepted by the host, never answered by the process: stopped or frozen.
+  // Accepted by the host, never answered by the process: stopped or frozen
+  // (an answer cut short still says the process is there).
   for (Probe& probe : probes) {
-    if (probe.fd >= 0) settle(probe, probe.connected ? PeerState::kStopped : PeerState::kUnreachable);
+    if (probe.fd < 0) continue;
+    settle(probe, !probe.answer.empty() && probe.answer[0] == kAnswer ? PeerState::kAlive
+                  : probe.connected                                    ? PeerState::kStopped
+                                                                       : PeerState::kUnreachable);
   }
-  return outcome;
+  for (const Process& process : processes) {
+    for (size_t i : process.peers) views[i].state = process.state;
+    if (process.state == PeerState::kAlive) ReadActivity(process.answer, set, &views, process.peers);
+  }
+  return views;
 }
 
 namespace {
@@ -309,7 +402,12 @@ const char* Explain(PeerState s) {
 std::string DescribeFault(const PeerTable& table, const std::string& phase,
                           const std::string& what, const std::vector<int>& awaited,
                           double patience_s) {
-  const auto states = table.ProbeAll(patience_s);
+  return DescribeFault(table, phase, what, awaited, table.ProbeAll(patience_s));
+}
+
+std::string DescribeFault(const PeerTable& table, const std::string& phase,
+                          const std::string& what, const std::vector<int>& awaited,
+                          const std::vector<std::pair<int, PeerState>>& states) {
   std::vector<int> lost, stuck;
   std::string details;
   for (const auto& [rank, state] : states) {

@@ -9,7 +9,8 @@
 // probes on a TCP port of its own from a thread of its own (so a rank whose
 // engine hangs still answers), and at start-up the ranks learn each other's
 // host, pid and probe addresses. A probe then tells apart:
-//   answered                      alive (its collective is stuck behind another rank)
+//   answered                      alive; the answer also says what each rank of
+//                                 that process is doing (liveness.h's board)
 //   refused, or no such pid       gone: the process died or was killed
 //   accepted but never answered,  stopped (SIGSTOP, a debugger) or frozen: the
 //     or stopped in /proc           host's kernel is there, the process is not
@@ -27,6 +28,21 @@
 namespace ddl {
 
 enum class PeerState { kAlive, kStopped, kGone, kUnreachable };
+
+// What a probe learnt of one rank: its state and, when its process
+// answered and the rank has an engine context there (the activity board
+// of liveness.h, for the set asked about), what that engine is doing.
+struct PeerView {
+  int world_rank = -1;
+  PeerState state = PeerState::kUnreachable;
+  bool known = false;      // an activity line came for this rank and set
+  uint64_t step = 0;       // collective steps its engine has entered
+  bool inside = false;     // inside one now
+  uint64_t moved = 0;      // bytes its transport has moved (Group::MovedBytes)
+  // Its process has printed its fault report and is about to end (waiting
+  // only for the other ranks to report theirs: see Engine::OnPeerFailure).
+  bool ending = false;
+};
 
 struct PeerIdentity {
   int world_rank = -1;
@@ -47,9 +63,12 @@ class PeerTable {
   const PeerIdentity& Me() const { return peers_[me_]; }
   // "rank 3 on node2".
   std::string Name(int world_rank) const;
-  // The state of every other rank, probed at once; returns within about
-  // `patience_s` seconds.
+  // The state of every other rank, probed at once (one connection per
+  // process: ranks that share a process share its answer); returns within
+  // about `patience_s` seconds.
   std::vector<std::pair<int, PeerState>> ProbeAll(double patience_s) const;
+  // The same, with what each rank's engine of process set `set` does.
+  std::vector<PeerView> Survey(double patience_s, int set) const;
 
  private:
   std::vector<PeerIdentity> peers_;  // by group rank
@@ -64,5 +83,9 @@ class PeerTable {
 std::string DescribeFault(const PeerTable& table, const std::string& phase,
                           const std::string& what, const std::vector<int>& awaited,
                           double patience_s);
+// The same from states already probed (the liveness judge's, a moment ago).
+std::string DescribeFault(const PeerTable& table, const std::string& phase,
+                          const std::string& what, const std::vector<int>& awaited,
+                          const std::vector<std::pair<int, PeerState>>& states);
 
 }  // namespace ddl

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <thread>
 #include <utility>
 
 #include "../common/util.h"
 #include "../transport/tags.h"
+#include "../transport/wait.h"
 
 namespace ddl {
 
@@ -15,9 +15,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Between probes a waiting rank sleeps: add_process_set is rare, and its
-// waits may last the whole timeout.
-constexpr auto kNap = std::chrono::milliseconds(1);
+// Between probes a waiting rank naps (transport/wait.h's set-up pace):
+// add_process_set is rare, and its waits may last the whole timeout.
 // How long a finished round still tests its sends before leaving one in
 // flight (its peer never received it: a rank that did not call).
 constexpr auto kSendGrace = std::chrono::milliseconds(500);
@@ -32,6 +31,7 @@ std::string Seconds(double s) {
 // arrived; false if it has not by `deadline` (never false without one).
 bool ReceiveBy(Group& group, int peer, int tag, std::optional<Clock::time_point> deadline,
                std::string* out) {
+  Backoff backoff(SetupPace());
   for (;;) {
     const int64_t bytes = group.Probe(peer, tag);
     if (bytes >= 0) {
@@ -40,7 +40,7 @@ bool ReceiveBy(Group& group, int peer, int tag, std::optional<Clock::time_point>
       return true;
     }
     if (deadline && Clock::now() >= *deadline) return false;
-    std::this_thread::sleep_for(kNap);
+    backoff.Pause();
   }
 }
 
@@ -60,7 +60,8 @@ class Sends {
     const auto until = Clock::now() + kSendGrace;
     for (auto& [handle, buffer] : pending_) {
       try {
-        while (!group_.Test(handle) && Clock::now() < until) std::this_thread::sleep_for(kNap);
+        Backoff backoff(SetupPace());
+        while (!group_.Test(handle) && Clock::now() < until) backoff.Pause();
         if (!group_.Test(handle)) buffer.release();  // NOLINT: left to the transport on purpose
       } catch (const TransportError&) {
         buffer.release();  // NOLINT: as above

@@ -11,6 +11,7 @@
 
 #include "control_plane.h"
 #include "transport.h"
+#include "wait.h"
 
 namespace ddl {
 
@@ -35,9 +36,18 @@ class Group : public Transport, public ControlPlane {
   virtual void AllgatherV(const void* mine, size_t my_bytes, void* out,
                           const std::vector<size_t>& bytes_per_rank) = 0;
 
-  // A wait throws PeerTimeout once no message of this group has completed
-  // for this long (0 = wait forever). Progress, not elapsed time.
+  // Once no message of this group has completed for this long (0 = wait
+  // forever), a wait asks the judge set by SetLiveness, if any, and throws
+  // PeerTimeout unless it says the transfer is moving (transport/wait.h).
+  // Progress, not elapsed time.
   virtual void SetPeerTimeout(double seconds) = 0;
+  // Not owned; must outlive the group's waits (null: the timeout decides).
+  virtual void SetLiveness(Liveness* judge) = 0;
+  // Bytes this rank's transport has moved so far, as far as it can see:
+  // completed messages, and where it can read them, the bytes its
+  // connections carried (so a long message shows progress before it
+  // completes). Only its growth means anything; any thread may call it.
+  virtual uint64_t MovedBytes() const = 0;
   // Polls a wait makes before it starts yielding its core (DDL_SPIN_POLLS).
   virtual void SetSpinPolls(int polls) = 0;
   // World ranks of the peers of messages still in flight (for errors).

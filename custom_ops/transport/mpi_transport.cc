@@ -1,11 +1,10 @@
 #include "mpi_transport.h"
 
-#include <sched.h>
-
 #include <algorithm>
-#include <chrono>
+#include <atomic>
 #include <climits>
-#include <thread>
+
+#include "socket_bytes.h"
 
 namespace ddl {
 
@@ -21,6 +20,9 @@ void Check(int code, const char* what) {
   if (code != MPI_SUCCESS) throw TransportError(std::string(what) + ": " + MpiErrorString(code));
 }
 
+// Bytes of every message completed by any MpiTransport of this process.
+std::atomic<uint64_t> completed_bytes{0};
+
 int CheckedCount(size_t bytes, const char* what) {
   if (bytes > static_cast<size_t>(INT_MAX)) {
     throw TransportError(std::string(what) + ": message of " + std::to_string(bytes) +
@@ -32,19 +34,28 @@ int CheckedCount(size_t bytes, const char* what) {
 
 MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   // Errors come back as codes so they become exceptions with context rather
-  // than aborting the process from inside a library call.
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-  MPI_Group group, world_group;
-  MPI_Comm_group(comm_, &group);
-  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  std::vector<int> mine(size_);
-  for (int r = 0; r < size_; ++r) mine[r] = r;
-  world_ranks_.resize(size_);
-  MPI_Group_translate_ranks(group, size_, mine.data(), world_group, world_ranks_.data());
-  MPI_Group_free(&group);
-  MPI_Group_free(&world_group);
+  // than aborting the process from inside a library call. A code that is
+  // not MPI_SUCCESS here means MPI cannot describe the communicator: the
+  // communicator is freed and the error thrown (the caller owns nothing).
+  try {
+    Check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    Check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    Check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    MPI_Group group, world_group;
+    Check(MPI_Comm_group(comm_, &group), "MPI_Comm_group");
+    Check(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+    std::vector<int> mine(size_);
+    for (int r = 0; r < size_; ++r) mine[r] = r;
+    world_ranks_.resize(size_);
+    const int translated = MPI_Group_translate_ranks(group, size_, mine.data(), world_group,
+                                                     world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    Check(translated, "MPI_Group_translate_ranks");
+  } catch (const TransportError&) {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    throw;
+  }
 }
 
 MpiTransport::~MpiTransport() {
@@ -53,7 +64,14 @@ MpiTransport::~MpiTransport() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+void MpiTransport::AgreeToEnter(const char* what) {
+  MPI_Request request;
+  Check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  WaitRequest(&request, std::string("every rank before ") + what, 0);
+}
+
 std::unique_ptr<Group> MpiTransport::Split(int color, int key) {
+  AgreeToEnter("MPI_Comm_split");
   MPI_Comm part = MPI_COMM_NULL;
   Check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &part), "MPI_Comm_split");
   if (part == MPI_COMM_NULL) return nullptr;
@@ -61,22 +79,25 @@ std::unique_ptr<Group> MpiTransport::Split(int color, int key) {
 }
 
 std::unique_ptr<Group> MpiTransport::SplitByMachine(int key) {
+  AgreeToEnter("MPI_Comm_split_type");
   MPI_Comm machine = MPI_COMM_NULL;
   Check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, &machine),
         "MPI_Comm_split_type");
   return std::make_unique<MpiTransport>(machine);
 }
 
-Transport::Handle MpiTransport::Track(MPI_Request request, int peer) {
+Transport::Handle MpiTransport::Track(MPI_Request request, int peer, size_t bytes) {
   if (!free_handles_.empty()) {
     Handle h = free_handles_.back();
     free_handles_.pop_back();
     requests_[h] = request;
     peers_[h] = peer;
+    bytes_[h] = bytes;
     return h;
   }
   requests_.push_back(request);
   peers_.push_back(peer);
+  bytes_.push_back(bytes);
   return static_cast<Handle>(requests_.size() - 1);
 }
 
@@ -84,18 +105,19 @@ Transport::Handle MpiTransport::Isend(const void* data, size_t bytes, int peer, 
   MPI_Request request;
   Check(MPI_Isend(data, CheckedCount(bytes, "send"), MPI_BYTE, peer, tag, comm_, &request),
         "MPI_Isend");
-  return Track(request, peer);
+  return Track(request, peer, bytes);
 }
 
 Transport::Handle MpiTransport::Irecv(void* data, size_t bytes, int peer, int tag) {
   MPI_Request request;
   Check(MPI_Irecv(data, CheckedCount(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &request),
         "MPI_Irecv");
-  return Track(request, peer);
+  return Track(request, peer, bytes);
 }
 
 void MpiTransport::Wait(Handle handle) {
-  WaitRequest(&requests_[handle], "a message with rank " + std::to_string(world_ranks_[peers_[handle]]));
+  WaitRequest(&requests_[handle], "a message with rank " + std::to_string(world_ranks_[peers_[handle]]),
+              bytes_[handle], {peers_[handle]});
   peers_[handle] = -1;
   free_handles_.push_back(handle);
 }
@@ -104,7 +126,8 @@ bool MpiTransport::Test(Handle handle) {
   int done = 0;
   Check(MPI_Test(&requests_[handle], &done, MPI_STATUS_IGNORE), "MPI_Test");
   if (done) {
-    last_progress_ = std::chrono::steady_clock::now();
+    clock_.Progress();
+    completed_bytes += bytes_[handle];
     peers_[handle] = -1;
     free_handles_.push_back(handle);
   }
@@ -132,57 +155,37 @@ std::vector<int> MpiTransport::PendingPeers() const {
   return peers;
 }
 
-void MpiTransport::WaitRequest(MPI_Request* request, const std::string& what, bool idle) {
-  // Polling keeps the progress engine moving; the spin covers the common
-  // case where the peer is already there. After that we yield (another rank
-  // may share this core) and finally sleep, doubling up to a cap, so a rank
-  // waiting for a slow one costs little CPU. The cap is short because over
-  // TCP every message's rendezvous needs both ends to poll: with 1 ms naps
-  // a 2-node reduce-scatter at 1 Gbit/s ran at a third of the link rate,
-  // with 100 us at the link rate (a nap then costs a few percent of a core).
-  //
-  // The spin is short (DDL_SPIN_POLLS): when ranks outnumber cores, the
-  // peer a spinning rank waits for may need its core. 2000 polls, then
-  // 2000 yields made a 4 KB allreduce of 2 nodes x 2 ranks on 2 cores take
-  // 3-4 ms; 50 and 50 about 1 ms (one rank per core: about the same).
-  const int kSpinPolls = idle ? std::min(10, spin_polls_) : spin_polls_;
-  const int kYieldPolls = idle ? 10 : 50;
-  // An idle wait must still poll often: a peer that arrives later needs our
-  // MPI_Test calls to progress the collective it is waiting on.
-  auto sleep_for = std::chrono::microseconds(20);
-  const auto kMaxSleep = std::chrono::microseconds(idle ? 200 : 100);
-  // The peer timeout runs from the last completed message of this
-  // transport, or from now if it has been quiet longer than that (nothing
-  // was in flight, so the silence meant nothing).
-  const auto timeout = std::chrono::duration<double>(peer_timeout_s_);
-  if (std::chrono::steady_clock::now() - last_progress_ > timeout / 2) {
-    last_progress_ = std::chrono::steady_clock::now();
-  }
-  for (int polls = 0;; ++polls) {
-    int done = 0;
-    Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what.c_str());
-    if (done) {
-      last_progress_ = std::chrono::steady_clock::now();
-      return;
-    }
-    if (peer_timeout_s_ > 0 && (polls & 63) == 0 &&
-        std::chrono::steady_clock::now() - last_progress_ > timeout) {
-      throw PeerTimeout("no progress for " + std::to_string(static_cast<int>(peer_timeout_s_)) +
-                        " s waiting for " + what);
-    }
-    if (polls < kSpinPolls) continue;
-    if (polls < kSpinPolls + kYieldPolls) {
-      sched_yield();
-      continue;
-    }
-    std::this_thread::sleep_for(sleep_for);
-    if (sleep_for < kMaxSleep) sleep_for *= 2;
-  }
+uint64_t MpiTransport::MovedBytes() const {
+  return completed_bytes.load() + ProcessConnectionBytes();
 }
 
-void MpiTransport::WaitOldest(std::vector<MPI_Request>* requests, const std::string& what) {
-  WaitRequest(&requests->front(), what);
-  requests->erase(requests->begin());
+void MpiTransport::WaitRequest(MPI_Request* request, const std::string& what, size_t bytes,
+                               const std::vector<int>& peers, bool idle) {
+  // Polling keeps MPI's progress engine moving; the pace (wait.h) spins,
+  // yields, then naps; the peer clock runs from this transport's last
+  // completed message, and on a timeout the judge hears whom this request
+  // waits for (a collective's: every other rank of the group).
+  auto done = [&] {
+    int complete = 0;
+    Check(MPI_Test(request, &complete, MPI_STATUS_IGNORE), what.c_str());
+    return complete != 0;
+  };
+  auto awaited = [&] {
+    std::vector<int> world;
+    for (int r = 0; r < size_; ++r) {
+      const bool named = peers.empty() ? r != rank_ : std::count(peers.begin(), peers.end(), r) > 0;
+      if (named) world.push_back(world_ranks_[r]);
+    }
+    return world;
+  };
+  WaitFor(done, idle ? IdlePace(spin_polls_) : DataPace(spin_polls_), clock_,
+          [&] { return what; }, awaited);
+  completed_bytes += bytes;
+}
+
+void MpiTransport::WaitOldest(std::vector<Piece>* window, const std::string& what) {
+  WaitRequest(&window->front().request, what, window->front().bytes);
+  window->erase(window->begin());
 }
 
 void MpiTransport::AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) {
@@ -190,7 +193,7 @@ void MpiTransport::AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) 
   Check(MPI_Iallreduce(MPI_IN_PLACE, words.data(), static_cast<int>(words.size()),
                        MPI_UINT64_T, MPI_BAND, comm_, &request),
         "MPI_Iallreduce");
-  WaitRequest(&request, "negotiation allreduce", idle);
+  WaitRequest(&request, "negotiation allreduce", words.size() * sizeof(uint64_t), {}, idle);
 }
 
 std::vector<std::vector<char>> MpiTransport::GatherBytes(const std::vector<char>& mine,
@@ -200,7 +203,7 @@ std::vector<std::vector<char>> MpiTransport::GatherBytes(const std::vector<char>
   MPI_Request request;
   Check(MPI_Igather(&my_count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm_, &request),
         "MPI_Igather");
-  WaitRequest(&request, "negotiation gather");
+  WaitRequest(&request, "negotiation gather", sizeof(int));
   std::vector<int> displs(counts.size());
   int64_t total = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
@@ -214,7 +217,7 @@ std::vector<std::vector<char>> MpiTransport::GatherBytes(const std::vector<char>
   Check(MPI_Igatherv(mine.data(), my_count, MPI_BYTE, all.data(), counts.data(), displs.data(),
                      MPI_BYTE, root, comm_, &request),
         "MPI_Igatherv");
-  WaitRequest(&request, "negotiation gatherv");
+  WaitRequest(&request, "negotiation gatherv", static_cast<size_t>(total));
   std::vector<std::vector<char>> result(counts.size());
   for (size_t i = 0; i < counts.size(); ++i) {
     result[i].assign(all.begin() + displs[i], all.begin() + displs[i] + counts[i]);
@@ -226,7 +229,7 @@ void MpiTransport::BroadcastBytes(std::vector<char>& data, int root) {
   int64_t count = static_cast<int64_t>(data.size());
   MPI_Request request;
   Check(MPI_Ibcast(&count, 1, MPI_INT64_T, root, comm_, &request), "MPI_Ibcast");
-  WaitRequest(&request, "negotiation broadcast");
+  WaitRequest(&request, "negotiation broadcast", sizeof(int64_t));
   data.resize(static_cast<size_t>(count));
   Broadcast(data.data(), data.size(), root);
 }
@@ -236,7 +239,7 @@ std::vector<int64_t> MpiTransport::AllgatherInt64(int64_t mine) {
   MPI_Request request;
   Check(MPI_Iallgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, comm_, &request),
         "MPI_Iallgather");
-  WaitRequest(&request, "allgather of sizes");
+  WaitRequest(&request, "allgather of sizes", all.size() * sizeof(int64_t));
   return all;
 }
 
@@ -244,12 +247,13 @@ void MpiTransport::Broadcast(void* data, size_t bytes, int root) {
   // A pipeline of pieces, a few in flight: nonblocking collectives on one
   // communicator complete in order, and each completion is progress.
   char* p = static_cast<char*>(data);
-  std::vector<MPI_Request> window;
+  std::vector<Piece> window;
   for (size_t offset = 0; offset < bytes; offset += kMaxMessageBytes) {
     if (window.size() == kPiecesInFlight) WaitOldest(&window, "broadcast");
     const size_t n = std::min(kMaxMessageBytes, bytes - offset);
-    window.emplace_back();
-    Check(MPI_Ibcast(p + offset, static_cast<int>(n), MPI_BYTE, root, comm_, &window.back()),
+    window.push_back({MPI_REQUEST_NULL, n});
+    Check(MPI_Ibcast(p + offset, static_cast<int>(n), MPI_BYTE, root, comm_,
+                     &window.back().request),
           "MPI_Ibcast");
   }
   while (!window.empty()) WaitOldest(&window, "broadcast");
@@ -268,7 +272,7 @@ void MpiTransport::AllgatherV(const void* mine, size_t my_bytes, void* out,
   // Counts and displacements must live until their round completes.
   std::vector<std::vector<int>> counts(rounds, std::vector<int>(size_)),
       displs(rounds, std::vector<int>(size_));
-  std::vector<MPI_Request> window;
+  std::vector<Piece> window;
   char* base = static_cast<char*>(out);
   for (size_t k = 0; k < rounds; ++k) {
     if (window.size() == kPiecesInFlight) WaitOldest(&window, "allgather");
@@ -278,10 +282,12 @@ void MpiTransport::AllgatherV(const void* mine, size_t my_bytes, void* out,
       counts[k][r] = static_cast<int>(b > from ? std::min(kMaxMessageBytes, b - from) : 0);
       displs[k][r] = static_cast<int>(start[r] + std::min(from, b));
     }
-    window.emplace_back();
+    size_t round_bytes = 0;
+    for (int c : counts[k]) round_bytes += static_cast<size_t>(c);
+    window.push_back({MPI_REQUEST_NULL, round_bytes});
     Check(MPI_Iallgatherv(static_cast<const char*>(mine) + std::min(from, my_bytes),
                           counts[k][rank_], MPI_BYTE, base, counts[k].data(), displs[k].data(),
-                          MPI_BYTE, comm_, &window.back()),
+                          MPI_BYTE, comm_, &window.back().request),
           "MPI_Iallgatherv");
   }
   while (!window.empty()) WaitOldest(&window, "allgather");

@@ -28,16 +28,25 @@ Status OpenMpiWorld(std::unique_ptr<Group>* out) {
         " but keras_ddl needs MPI_THREAD_MULTIPLE; initialise MPI through keras_ddl.init() "
         "or mpi4py's default thread level" + OnRank(rank));
   }
-  MPI_Comm world;
-  MPI_Comm_dup(MPI_COMM_WORLD, &world);
-  *out = std::make_unique<MpiTransport>(world);
+  MPI_Comm world = MPI_COMM_NULL;
+  const int code = MPI_Comm_dup(MPI_COMM_WORLD, &world);
+  if (code != MPI_SUCCESS) {
+    return Status::Internal("MPI_Comm_dup of MPI_COMM_WORLD failed: " + MpiErrorString(code));
+  }
+  try {
+    *out = std::make_unique<MpiTransport>(world);  // frees `world` if it throws
+  } catch (const TransportError& e) {
+    return Status::Internal(std::string("setting up the world's communicator failed: ") +
+                            e.what());
+  }
   return Status::Ok();
 }
 
 std::string MpiLibraryVersion() {
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;
-  MPI_Get_library_version(version, &length);
+  const int code = MPI_Get_library_version(version, &length);
+  if (code != MPI_SUCCESS) return "unknown (MPI_Get_library_version: " + MpiErrorString(code) + ")";
   return std::string(version, length);
 }
 

@@ -1,9 +1,8 @@
 #include "shm_arena.h"
 
-#include <sched.h>
-
+#include <algorithm>
 #include <chrono>
-#include <thread>
+#include <cstdio>
 
 namespace ddl {
 
@@ -12,7 +11,19 @@ namespace {
 // invalidates the line another rank is polling.
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
+
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", s);
+  return text;
+}
 }  // namespace
+
+size_t ShmArena::SegmentBytes(int ranks, size_t slot_bytes, int slots_per_rank) {
+  const size_t counter_bytes =
+      RoundUp(static_cast<size_t>(ranks) * (kNumCounters + 1) * kCacheLine, kPage);
+  return counter_bytes + static_cast<size_t>(ranks) * slots_per_rank * RoundUp(slot_bytes, kPage);
+}
 
 std::unique_ptr<ShmArena> ShmArena::Create(ControlPlane& node, const std::string& name_token,
                                            size_t slot_bytes, int slots_per_rank) {
@@ -24,9 +35,12 @@ std::unique_ptr<ShmArena> ShmArena::Create(ControlPlane& node, const std::string
   arena->slot_bytes_ = RoundUp(slot_bytes, kPage);
   const size_t counter_bytes =
       RoundUp(static_cast<size_t>(arena->size_) * (kNumCounters + 1) * kCacheLine, kPage);
+  // Committed: every allreduce touches all of it sooner or later.
   arena->segment_ = std::make_unique<NodeSegment>(
-      node, name_token,
-      counter_bytes + static_cast<size_t>(arena->size_) * slots_per_rank * arena->slot_bytes_);
+      node, name_token, SegmentBytes(arena->size_, slot_bytes, slots_per_rank), true,
+      "the staging area of the node's " + std::to_string(arena->size_) + " ranks (" +
+          std::to_string(slots_per_rank) + " slots of " + std::to_string(arena->slot_bytes_ >> 10) +
+          " KiB each)");
   arena->counters_ = arena->segment_->base();
   arena->slots_ = arena->counters_ + counter_bytes;
   return arena;
@@ -51,34 +65,37 @@ void ShmArena::Publish(Counter counter, uint64_t value) {
 }
 
 void ShmArena::PostFailureNote(const std::vector<int>& unreachable) {
-  // Four 16-bit fields of world rank + 1 (0 = empty).
-  uint64_t note = 0;
-  for (size_t i = 0; i < unreachable.size() && i < 4; ++i) {
-    note |= static_cast<uint64_t>((unreachable[i] + 1) & 0xffff) << (16 * i);
+  // The note's cache line: word 0 the count (published last), words 1-7
+  // the world ranks, whole, so any rank of any job fits.
+  std::atomic<uint64_t>* note = CounterOf(rank_, kFailureNote);
+  const int n = static_cast<int>(std::min<size_t>(unreachable.size(), kNoteRanks));
+  for (int i = 0; i < n; ++i) {
+    note[1 + i].store(static_cast<uint64_t>(unreachable[i]), std::memory_order_relaxed);
   }
-  CounterOf(rank_, kFailureNote)->store(note, std::memory_order_release);
+  note->store(static_cast<uint64_t>(n) + 1, std::memory_order_release);  // 0: no note
 }
 
-void ShmArena::ThrowTimeout(int r) const {
-  const std::string silence = "no progress for " +
-                              std::to_string(static_cast<int>(peer_timeout_s_)) + " s waiting for rank " +
-                              std::to_string(world_ranks_[r]) + " in node shared memory";
+void ShmArena::ThrowTimeout(int r, const std::string& why) const {
+  const std::string silence = "no progress for " + Seconds(clock_.timeout_s()) +
+                              " s waiting for rank " + std::to_string(world_ranks_[r]) +
+                              " in node shared memory" + (why == "no judge" ? "" : " (" + why + ")");
   // Ranks of a node lose contact with a cut link at about the same time;
   // one that timed out on shared memory waits a little for the note of the
   // rank it waited on, which names the ranks really out of reach.
+  std::atomic<uint64_t>* note = CounterOf(r, kFailureNote);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  Backoff backoff(SetupPace());
   while (std::chrono::steady_clock::now() < until) {
-    const uint64_t note = CounterOf(r, kFailureNote)->load(std::memory_order_acquire);
-    if (note != 0) {
+    const uint64_t count = note->load(std::memory_order_acquire);
+    if (count != 0) {
       std::vector<int> lost;
-      for (int i = 0; i < 4; ++i) {
-        const int field = static_cast<int>((note >> (16 * i)) & 0xffff);
-        if (field != 0) lost.push_back(field - 1);
+      for (uint64_t i = 0; i + 1 < count && i < kNoteRanks; ++i) {
+        lost.push_back(static_cast<int>(note[1 + i].load(std::memory_order_relaxed)));
       }
       throw PeerTimeout(silence + ", which lost contact with rank(s) [" + RankList(lost) + "]",
                         lost);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    backoff.Pause();
   }
   throw PeerTimeout(silence, {world_ranks_[r]});
 }
@@ -86,24 +103,24 @@ void ShmArena::ThrowTimeout(int r) const {
 void ShmArena::WaitForAll(Counter counter, uint64_t value) {
   for (int r = 0; r < size_; ++r) {
     std::atomic<uint64_t>* c = CounterOf(r, counter);
-    auto sleep = std::chrono::microseconds(20);
-    const auto start = std::chrono::steady_clock::now();
-    for (int polls = 0; c->load(std::memory_order_acquire) < value; ++polls) {
-      if (peer_timeout_s_ > 0 && (polls & 255) == 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-              peer_timeout_s_) {
-        ThrowTimeout(r);
+    uint64_t seen = c->load(std::memory_order_acquire);
+    if (seen >= value) continue;
+    // Progress is rank r's counter moving (a chunk of a long call), so a
+    // long call with a slow cross-node step is judged chunk by chunk.
+    auto done = [&] {
+      const uint64_t now = c->load(std::memory_order_acquire);
+      if (now != seen) {
+        seen = now;
+        clock_.Progress();
       }
-      // Peers on other cores usually arrive within microseconds: spin a
-      // little; if they do not, they may need this core: yield, then sleep.
-      if (polls < 4000) continue;
-      if (polls < 4200) {
-        sched_yield();
-        continue;
-      }
-      std::this_thread::sleep_for(sleep);
-      if (sleep < std::chrono::microseconds(1000)) sleep *= 2;
-    }
+      return now >= value;
+    };
+    // When the judge gives up on rank r, its failure note, if it posts
+    // one, names whom it lost.
+    WaitFor(done, SharedMemoryPace(), clock_,
+            [&] { return "rank " + std::to_string(world_ranks_[r]) + " in node shared memory"; },
+            [&] { return std::vector<int>{world_ranks_[r]}; },
+            [&](const std::string&, const std::string& why) { ThrowTimeout(r, why); });
   }
 }
 

@@ -1,7 +1,9 @@
 // Shared memory of the ranks of one node: per rank, a few staging slots,
-// progress counters and a mailbox word that the others can read.
-// Waiting on a counter spins briefly, then yields, then sleeps with backoff,
-// so ranks that outnumber cores still make progress.
+// progress counters and a mailbox word that the others can read. The
+// whole segment is committed when it is made (NodeSegment), so a full
+// /dev/shm is an error at set-up, never a SIGBUS later. Waiting on a
+// counter goes at the shared-memory pace of transport/wait.h, so ranks
+// that outnumber cores still make progress, with its peer clock.
 #pragma once
 
 #include <atomic>
@@ -12,8 +14,9 @@
 #include <vector>
 
 #include "control_plane.h"
-#include "transport.h"
 #include "node_segment.h"
+#include "transport.h"
+#include "wait.h"
 
 namespace ddl {
 
@@ -27,14 +30,17 @@ class ShmArena {
     kReduced,
     kConsumed,
     kAnnounced,
-    kFailureNote,  // world ranks this rank lost contact with (see PostFailureNote)
+    kFailureNote,  // how many world ranks this rank lost contact with (PostFailureNote)
     kNumCounters
   };
 
   // Collective over `node` (all its ranks must share memory). `name_token`
-  // must be unique to the job and node. Throws TransportError.
+  // must be unique to the job and node. Throws TransportError (on every
+  // rank of the node; ShmTooSmall when /dev/shm cannot hold it).
   static std::unique_ptr<ShmArena> Create(ControlPlane& node, const std::string& name_token,
                                           size_t slot_bytes, int slots_per_rank);
+  // The bytes Create would ask of /dev/shm for `ranks` ranks.
+  static size_t SegmentBytes(int ranks, size_t slot_bytes, int slots_per_rank);
   ShmArena(const ShmArena&) = delete;
   ShmArena& operator=(const ShmArena&) = delete;
 
@@ -46,8 +52,10 @@ class ShmArena {
     return slots_ + (static_cast<size_t>(rank) * slots_per_rank_ + slot) * slot_bytes_;
   }
 
-  // See MpiTransport::SetPeerTimeout; WaitForAll throws PeerTimeout.
-  void SetPeerTimeout(double seconds) { peer_timeout_s_ = seconds; }
+  // See Group::SetPeerTimeout and SetLiveness; WaitForAll throws
+  // PeerTimeout. Progress is the awaited rank's counter moving.
+  void SetPeerTimeout(double seconds) { clock_.SetTimeout(seconds); }
+  void SetLiveness(Liveness* judge) { clock_.SetLiveness(judge); }
 
   void Publish(Counter counter, uint64_t value);
   // This rank's mailbox word; write it before the Publish that announces
@@ -60,19 +68,22 @@ class ShmArena {
   void WaitForAll(Counter counter, uint64_t value);
 
   // Tells the node's other ranks which world ranks this one lost contact
-  // with (the first four), before it ends its process.
+  // with (the first kNoteRanks, any world rank), before it ends its process.
+  static constexpr int kNoteRanks = 7;
   void PostFailureNote(const std::vector<int>& unreachable);
 
  private:
   ShmArena() = default;
-  [[noreturn]] void ThrowTimeout(int rank) const;
+  // After the judge gave up on `rank` (`why`): the PeerTimeout, naming
+  // whom that rank lost if it posts a failure note within a moment.
+  [[noreturn]] void ThrowTimeout(int rank, const std::string& why) const;
   // Each rank's counters, one per cache line, then its mailbox line.
   std::atomic<uint64_t>* CounterOf(int rank, int counter) const;
 
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> world_ranks_;
-  double peer_timeout_s_ = 0;
+  PeerClock clock_;
   int slots_per_rank_ = 0;
   size_t slot_bytes_ = 0;
   std::unique_ptr<NodeSegment> segment_;

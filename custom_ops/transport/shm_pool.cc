@@ -21,7 +21,10 @@ std::shared_ptr<ShmPool> ShmPool::Create(ControlPlane& node, const std::string& 
                                          size_t bytes) {
   std::shared_ptr<ShmPool> pool(new ShmPool());
   bytes = RoundUp(bytes, kAlignment);
-  pool->segment_ = std::make_unique<NodeSegment>(node, name_token, bytes);
+  // Sparse: blocks are committed as Allocate hands them out (a full
+  // /dev/shm then makes Allocate return kNone: results are copied out).
+  pool->segment_ = std::make_unique<NodeSegment>(node, name_token, bytes, false,
+                                                 "the results pool (DDL_SHM_POOL_MB)");
   pool->free_[0] = bytes;
   return pool;
 }

@@ -127,10 +127,17 @@ def init():
 
 
 def shutdown():
-    """Stops the engine; collectives in flight on any rank fail with an error."""
+    """Stops the engine; collectives in flight on any rank fail with an error.
+
+    Raises:
+        RuntimeError: the engine failed to stop cleanly (the core's message).
+    """
     with _lock:
         if _core is not None:
-            _core.ddl_shutdown()
+            code = _core.ddl_shutdown()
+            if code != 0:
+                raise RuntimeError(
+                    f"keras_ddl.shutdown() failed: {_core.ddl_last_error().decode()}")
 
 
 def _at_exit():
@@ -144,7 +151,11 @@ def _at_exit():
         time.sleep(1.0)  # let the other live ranks report their errors first
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(1)
-    shutdown()
+    try:
+        shutdown()
+    except RuntimeError as e:  # at exit nobody can catch it: say it
+        import sys
+        sys.stderr.write(f"[keras_ddl] {e}\n")
 
 
 def is_initialized():

@@ -61,6 +61,10 @@ def build_parser():
                      help="bytes each link's token bucket holds (64k, 1mb; default: 2 ms at "
                           "the rate, at least 256k); a call that sends less than this after "
                           "an idle moment goes faster than --rate")
+    run.add_argument("--shm", default=None,
+                     help="give each node a /dev/shm of its own of this size (64m, 1g), as a "
+                          "container has (Docker's and Kubernetes' default: 64m); default: the "
+                          "machine's, shared by the nodes")
     run.add_argument("command", nargs=argparse.REMAINDER,
                      help="what each rank runs, after --; a bare 'python' or 'python3' as its "
                           "first word runs this interpreter (" + sys.executable + "), also "
@@ -97,7 +101,8 @@ def main(argv=None):
     try:
         mpiexec = find_mpiexec()
         with NetnsCluster(args.nodes, args.rate, burst=args.burst, racks=args.racks,
-                          uplink=args.uplink, tell_topology=not args.no_topology) as cluster:
+                          uplink=args.uplink, tell_topology=not args.no_topology,
+                          shm=args.shm) as cluster:
             argv = [mpiexec, *cluster.mpiexec_args(args.ranks_per_node),
                     "-n", str(cluster.nodes * args.ranks_per_node), *command]
             print("+", " ".join(argv), flush=True)

@@ -12,6 +12,9 @@ MPICH's launcher runs in place of ssh (``mpiexec -launcher ssh
 -launcher-exec STANDIN``): it enters the node's namespace and sets the
 node's hostname in a UTS namespace of its own (``unshare -u``), so
 ``MPI_COMM_TYPE_SHARED`` and ``socket.gethostname()`` see one host per node.
+With ``shm``, each node also gets a /dev/shm of its own of that size (a
+tmpfs in a mount namespace of its own, ``unshare -m``), as a container
+does (Docker and Kubernetes give 64 MiB unless told otherwise).
 
 Names are unique per cluster (``kd`` + 5 hex digits), so several clusters
 can exist at once. A cluster records its owner's pid; a cluster whose owner
@@ -152,13 +155,15 @@ class NetnsCluster:
     give the launcher (``node1`` ...); ``standin`` is the ssh stand-in."""
 
     def __init__(self, nodes, rate="1gbit", name=None, burst=None, racks=1, uplink=None,
-                 tell_topology=True):
+                 tell_topology=True, shm=None):
         """``nodes`` per rack (``racks`` of them; ``nodes`` is the total
         with one rack). ``uplink``: each rack's link to the core, each way
         (default: ``rate``); its token bucket is the default for its rate.
         ``tell_topology``: with racks, every node is told its place as
         Slurm tells it; False tells nothing, as most jobs run (hosts are
-        still listed rack by rack)."""
+        still listed rack by rack). ``shm``: the size of each node's own
+        /dev/shm ("64m", as tmpfs's ``size=``; None: the machine's, shared
+        by every node)."""
         if int(nodes) != nodes or nodes < 1:
             raise ClusterError(f"nodes={nodes!r}: expected a whole number >= 1")
         if int(racks) != racks or racks < 1:
@@ -174,6 +179,9 @@ class NetnsCluster:
         self.rate = rate
         self.burst_text = burst
         self.burst = parse_burst(burst, self.rate_bps)
+        if shm is not None and not re.fullmatch(r"[0-9]+[kmg]?", str(shm)):
+            raise ClusterError(f"shm={shm!r}: expected a size such as 64m or 1g")
+        self.shm = shm
         self.name = name or "kd" + secrets.token_hex(3)[:5]
         self.state_dir = os.path.join(STATE_ROOT, self.name)
         # The bridge holding this machine's address (-iface for the
@@ -349,6 +357,13 @@ class NetnsCluster:
             f"  {host}|{addr}) ns={ns}; name={host};{topology(i)};"
             for i, (host, addr, ns) in enumerate(zip(self.hosts, self.addresses,
                                                       self.namespaces)))
+        # The node's own /dev/shm: a mount namespace per launch on the node
+        # (one launcher proxy per node, so the node's ranks share it).
+        if self.shm is None:
+            standin_exec = 'exec ip netns exec "$ns" unshare -u sh -c "hostname $name; exec $*"'
+        else:
+            standin_exec = ('exec ip netns exec "$ns" unshare -u -m sh -c "mount -t tmpfs -o '
+                            f'size={self.shm} tmpfs /dev/shm && hostname $name && exec $*"')
         script = f"""#!/bin/sh
 # ssh stand-in for cluster {self.name}: ssh [options] HOST COMMAND...
 # runs COMMAND in HOST's network namespace under HOST's hostname.
@@ -364,7 +379,7 @@ case "$host" in
 {cases}
   *) echo "ssh-standin ({self.name}): unknown host '$host'" >&2; exit 255;;
 esac
-exec ip netns exec "$ns" unshare -u sh -c "hostname $name; exec $*"
+{standin_exec}
 """
         with open(self.standin, "w") as f:
             f.write(script)

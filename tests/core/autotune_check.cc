@@ -101,7 +101,8 @@ struct RunResult {
 
 // `shapes`, if given, is each rank's own view of the shape.
 RunResult RunTuners(int ranks, const std::string& shape, const std::vector<std::string>& files,
-                    int batches, const std::vector<std::string>* shapes = nullptr) {
+                    int batches, const std::vector<std::string>* shapes = nullptr,
+                    std::vector<AutotuneCandidate> candidates = TwoCandidates()) {
   InProcessGroup group(ranks, 1 << 20);
   RunResult out;
   out.decided_at.assign(ranks, -1);
@@ -113,7 +114,7 @@ RunResult RunTuners(int ranks, const std::string& shape, const std::vector<std::
   out.unseen_after.resize(ranks);
   group.Run([&](int r) {
     InProcessRank plane(group, r);
-    Autotuner tuner(plane, TwoCandidates(), kSteps, "world", shapes ? (*shapes)[r] : shape,
+    Autotuner tuner(plane, candidates, kSteps, "world", shapes ? (*shapes)[r] : shape,
                     files[r],
                     [&out, r](const std::string& text) { out.printed[r] += text; });
     for (int b = 0; b < batches; ++b) {
@@ -252,6 +253,25 @@ void SavedTableIsReused() {
   for (int r = 0; r < ranks; ++r) {
     Expect(mixed.decided_at[r] == 4 * kSteps - 1 && mixed.chosen[r] == other.chosen[0],
            "and rank 0's measured decision" + R(r));
+  }
+  // A table that chose what this build no longer tries at that size (a
+  // one-round exchange for 1-8 MiB batches, saved before the exchanges
+  // were capped below 1 MiB): refused, naming the file, and measured
+  // again. The saved table chose candidate 0 for class 2 (InjectTimes).
+  InjectTimes(ranks);
+  RunResult uncapped = RunTuners(ranks, "ranks=3 step=world", files, 40);
+  Expect(uncapped.chosen[0][2] == 0, "the uncapped run chose candidate 0 for class 2");
+  std::vector<AutotuneCandidate> capped = TwoCandidates();
+  capped[0].max_class = 1;
+  RunResult stale = RunTuners(ranks, "ranks=3 step=world", files, 40, nullptr, capped);
+  Expect(Contains(stale.printed[0], "warning: not using DDL_AUTOTUNE_FILE=" + file +
+                                        ": it chose DIRECT_EXCHANGE_ALLREDUCE for batches of "
+                                        "1 - 8 MiB, which this keras_ddl no longer tries at "
+                                        "that size; measuring again"),
+         "a table choosing a capped candidate above its cap is refused:\n" + stale.printed[0]);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(stale.measured[r] > 0 && stale.chosen[r][2] == 1,
+           "and the job measures again, choosing a candidate tried there" + R(r));
   }
   // A malformed file: refused, measured.
   {
@@ -695,6 +715,52 @@ void CappedCandidateSkipsLargeClasses() {
          "capped: the table says where a candidate was not tried:\n" + printed[0]);
 }
 
+// An exception of keras_ddl's own in the data path (here: the autotuner's
+// time hook throws, as a table that does not parse would) is an internal
+// error on every rank, not a lost peer: before, it went to the peer
+// failure path and read "lost contact in a data transfer" (exit 70).
+void InternalErrorIsNotALostPeer() {
+  Env a("DDL_AUTOTUNE", "1"), b("DDL_AUTOTUNE_STEPS", "2"), c("DDL_LOCAL_SIZE", "1");
+  SetAutotuneTimeHook([](int, int, int, int, double) -> double {
+    throw std::runtime_error("injected autotune failure");
+  });
+  constexpr int ranks = 2;
+  InProcessGroup group(ranks, 1 << 16);
+  std::vector<Status> got(ranks);
+  group.Run([&](int r) {
+    std::unique_ptr<Context> ctx;
+    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
+    if (!s.ok()) throw std::runtime_error("context: " + s.message());
+    ctx->end_process_on_peer_failure = false;
+    Engine engine(std::move(ctx));
+    std::vector<float> in(1000, 1.0f), out(1000);
+    std::atomic<bool> done{false};
+    Work w;
+    w.name = "x";
+    w.collective = Collective::kAllreduce;
+    w.dtype = w.wire = DataType::kFloat32;
+    w.shape = {1000};
+    w.input = in.data();
+    w.output = out.data();
+    w.done = [&](const Status& st) {
+      got[r] = st;
+      done = true;
+    };
+    std::vector<Work> works;
+    works.push_back(std::move(w));
+    engine.EnqueueAndDrive(std::move(works));
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  for (int r = 0; r < ranks; ++r) {
+    const std::string& m = got[r].message();
+    Expect(got[r].code() == Status::Code::kInternal &&
+               Contains(m, "internal error in a data transfer: injected autotune failure") &&
+               Contains(m, "a bug in keras_ddl") && !Contains(m, "lost contact"),
+           "an autotuner error in the data path is an internal error" + R(r) + ": " + m);
+  }
+  SetAutotuneTimeHook(nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -710,6 +776,7 @@ int main(int argc, char** argv) {
       {"settings", SavedSettingsAreReused},
       {"engine", [] { EnginesThroughTheSwitch(3, "1", "flat, 3 ranks"); }},
       {"engine", [] { EnginesThroughTheSwitch(4, "2", "2 nodes x 2 local ranks"); }},
+      {"internal", InternalErrorIsNotALostPeer},
   };
   for (const auto& [name, check] : checks) {
     if (!only.empty() && only != name) continue;

@@ -1,10 +1,18 @@
 // Threads as ranks: a Group (Transport and ControlPlane) over the memory of
 // one process, so the core's algorithms, negotiation, node setup and the
 // whole engine run without MPI or TensorFlow. Messages between a pair of
-// ranks with one tag match in posting order, as MPI's do. Every wait gives
-// up after the peer timeout (SetPeerTimeout) with PeerTimeout, or without
-// one after a few seconds with TransportError, so a deadlock in the code
-// under test fails the check instead of hanging it.
+// ranks with one tag match in posting order, as MPI's do. Every wait has
+// the peer clock of transport/wait.h (SetPeerTimeout, and the judge of
+// SetLiveness), or without a timeout gives up after a few seconds with
+// TransportError, so a deadlock in the code under test fails the check
+// instead of hanging it.
+//
+// A Network (network.h) gives messages a time to arrive: node links and
+// rack uplinks at rates a check sets (unset: instant), shared by the
+// messages on them, or silenced. So a transfer that is slow but moving
+// (its bytes count up in MovedBytes while nothing completes) and one that
+// is silent can both be staged, at any number of ranks. The group
+// operations (ControlPlane, Broadcast, AllgatherV) stay instant.
 #pragma once
 
 #include <algorithm>
@@ -19,21 +27,31 @@
 #include <tuple>
 #include <vector>
 
+#include <limits>
 #include <memory>
 
+#include "network.h"
 #include "transport/group.h"
+#include "transport/wait.h"
 
 namespace ddl_test {
 
 using ddl::TransportError;
+using Clock = Network::Clock;
 
 // State shared by the ranks of one group.
 class InProcessGroup {
  public:
-  InProcessGroup(int size, size_t max_message_bytes)
-      : size_(size), max_message_bytes_(max_message_bytes), contributions_(size) {
+  InProcessGroup(int size, size_t max_message_bytes,
+                 std::shared_ptr<Network> network = std::make_shared<Network>())
+      : size_(size), max_message_bytes_(max_message_bytes), contributions_(size),
+        inbox_(size), network_(std::move(network)) {
     for (int r = 0; r < size; ++r) world_ranks_.push_back(r);
   }
+  // The links of this group, its children's too.
+  Network& network() { return *network_; }
+  // The job-wide ranks of this group's ranks (0..size-1 unless set).
+  void SetWorldRanks(std::vector<int> world_ranks) { world_ranks_ = std::move(world_ranks); }
   int size() const { return size_; }
   size_t max_message_bytes() const { return max_message_bytes_; }
   int WorldRank(int r) const { return world_ranks_.at(r); }
@@ -48,7 +66,7 @@ class InProcessGroup {
     auto& child = children_[{seq, color}];
     if (!child) {
       child = std::make_shared<InProcessGroup>(static_cast<int>(world_ranks.size()),
-                                               max_message_bytes_);
+                                               max_message_bytes_, network_);
       child->world_ranks_ = std::move(world_ranks);
     }
     return child;
@@ -67,44 +85,77 @@ class InProcessGroup {
     return receives_[s]++;
   }
   void Deliver(const Stream& s, int64_t seq, const void* data, size_t bytes) {
+    const int64_t id = network_->Send(WorldRank(std::get<0>(s)), WorldRank(std::get<1>(s)), bytes);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const char* p = static_cast<const char*>(data);
-      mail_[{s, seq}].assign(p, p + bytes);
+      Mail& m = mail_[{s, seq}];
+      m.bytes.assign(p, p + bytes);
+      m.message = id;
     }
-    arrived_.notify_all();
+    // Only the receiver wakes (hundreds of thread-ranks waking for every
+    // message would keep the cores from the ranks that have work).
+    inbox_[std::get<1>(s)].notify_all();
   }
-  // `timeout_s` > 0: the peer timeout of the waiting rank.
-  void Collect(const Stream& s, int64_t seq, void* data, size_t bytes, double timeout_s = 0) {
+  // Waits for the message (with `clock`'s timeout and judge, if it has a
+  // timeout; else kPatience, then a deadlock error).
+  void Collect(const Stream& s, int64_t seq, void* data, size_t bytes, ddl::PeerClock& clock) {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto key = std::make_pair(s, seq);
-    if (!arrived_.wait_for(lock, Patience(timeout_s), [&] { return mail_.count(key) > 0; })) {
-      const std::string what = "receive from rank " + std::to_string(WorldRank(std::get<0>(s))) +
-                               " with tag " + std::to_string(std::get<2>(s));
-      if (timeout_s > 0) throw ddl::PeerTimeout("no progress waiting for a " + what);
-      throw TransportError(what + " never matched (deadlock?)");
+    const auto key = std::make_pair(s, seq);
+    const std::string what = "a receive from rank " + std::to_string(WorldRank(std::get<0>(s))) +
+                             " with tag " + std::to_string(std::get<2>(s));
+    const auto patience_ends = Clock::now() + kPatience;
+    clock.BeginWait();
+    for (;;) {
+      auto it = mail_.find(key);
+      const auto now = Clock::now();
+      if (it != mail_.end() && network_->Arrived(it->second.message)) break;
+      const bool timed = clock.timeout_s() > 0;
+      if (timed && clock.Expired(now)) {
+        lock.unlock();
+        const std::string why = clock.Judge(what, {WorldRank(std::get<0>(s))});
+        if (!why.empty()) clock.Throw(what, why);
+        lock.lock();
+        continue;
+      }
+      if (!timed && now >= patience_ends) throw TransportError(what + " never matched (deadlock?)");
+      // In flight on rated links: look again when it should be there, or
+      // sooner (a message that finishes first leaves it more of the rate).
+      auto wake = it != mail_.end()
+                      ? std::min(network_->Expected(it->second.message), now + kRecheck)
+                      : Clock::time_point::max();
+      wake = timed ? clock.Deadline(wake) : std::min(wake, patience_ends);
+      inbox_[std::get<1>(s)].wait_until(lock, wake);
     }
     Take(key, data, bytes);
+    clock.Progress();
   }
   // Bytes of the next message on a stream that no receive has been posted
   // for, if it has arrived; -1 otherwise (MPI_Iprobe).
   int64_t Arrived(const Stream& s) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = mail_.find({s, receives_[s]});
-    return it == mail_.end() ? -1 : static_cast<int64_t>(it->second.size());
+    if (it == mail_.end() || !network_->Arrived(it->second.message)) return -1;
+    return static_cast<int64_t>(it->second.bytes.size());
+  }
+  // Waits up to `most` for a message to `rank` to arrive.
+  void Rest(int rank, std::chrono::microseconds most) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    inbox_[rank].wait_for(lock, most);
   }
   // Collect if the message is there, without waiting.
   bool TryCollect(const Stream& s, int64_t seq, void* data, size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto key = std::make_pair(s, seq);
-    if (mail_.count(key) == 0) return false;
+    auto it = mail_.find(key);
+    if (it == mail_.end() || !network_->Arrived(it->second.message)) return false;
     Take(key, data, bytes);
     return true;
   }
 
  private:
   void Take(const std::pair<Stream, int64_t>& key, void* data, size_t bytes) {
-    std::vector<char>& m = mail_[key];
+    std::vector<char>& m = mail_[key].bytes;
     // MPI accepts a message shorter than the receive; the algorithms'
     // checks keep the sizes exact unless a test allows it.
     if (m.size() != bytes && !(allow_short_receives_ && m.size() < bytes)) {
@@ -114,15 +165,13 @@ class InProcessGroup {
     if (!m.empty()) std::memcpy(data, m.data(), m.size());
     mail_.erase(key);
   }
-  std::chrono::milliseconds Patience(double timeout_s) const {
-    return timeout_s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))
-                         : std::chrono::milliseconds(kPatience);
-  }
 
  public:
-  // Every rank contributes bytes; every rank gets all contributions.
-  // After a timeout the rank withdraws its contribution.
-  std::vector<std::vector<char>> Exchange(int rank, std::vector<char> mine, double timeout_s = 0) {
+  // Every rank contributes bytes; every rank gets all contributions. When
+  // the clock's judge gives up (or, without a timeout, after kPatience)
+  // the rank withdraws its contribution and throws.
+  std::vector<std::vector<char>> Exchange(int rank, std::vector<char> mine,
+                                          ddl::PeerClock& clock) {
     std::unique_lock<std::mutex> lock(mutex_);
     const int64_t generation = generation_;
     contributions_[rank] = std::move(mine);
@@ -134,19 +183,46 @@ class InProcessGroup {
       present_.assign(size_, false);
       ++generation_;
       arrived_.notify_all();
-    } else if (!arrived_.wait_for(lock, Patience(timeout_s),
-                                  [&] { return generation_ != generation; })) {
+      clock.Progress();
+      return result_;
+    }
+    const auto patience_ends = Clock::now() + kPatience;
+    clock.BeginWait();
+    // As a transport knows whom its posted messages wait for: the ranks
+    // (job-wide) that have not joined this operation.
+    auto missing = [&] {
+      std::vector<int> ranks;
+      for (int r = 0; r < size_; ++r) {
+        if (!present_[r] && r != rank) ranks.push_back(world_ranks_[r]);
+      }
+      return ranks;
+    };
+    auto withdraw = [&] {
       --arrived_count_;
       present_[rank] = false;
-      // As a transport knows whom its posted messages wait for: the ranks
-      // (job-wide) that never joined this operation.
-      std::vector<int> missing;
-      for (int r = 0; r < size_; ++r) {
-        if (!present_[r] && r != rank) missing.push_back(world_ranks_[r]);
+    };
+    while (generation_ == generation) {
+      const auto now = Clock::now();
+      const bool timed = clock.timeout_s() > 0;
+      if (timed && clock.Expired(now)) {
+        const std::vector<int> awaited = missing();
+        lock.unlock();
+        const std::string why = clock.Judge("a group operation", awaited);
+        lock.lock();
+        if (generation_ != generation) break;
+        if (!why.empty()) {
+          withdraw();
+          clock.Throw("a group operation", why, missing());
+        }
+        continue;
       }
-      if (timeout_s > 0) throw ddl::PeerTimeout("no progress in a group operation", missing);
-      throw TransportError("a group operation was not joined by every rank (deadlock?)");
+      if (!timed && now >= patience_ends) {
+        withdraw();
+        throw TransportError("a group operation was not joined by every rank (deadlock?)");
+      }
+      arrived_.wait_until(lock, timed ? clock.Deadline(Clock::time_point::max()) : patience_ends);
     }
+    clock.Progress();
     return result_;
   }
 
@@ -171,12 +247,18 @@ class InProcessGroup {
 
  private:
   static constexpr std::chrono::seconds kPatience{10};
+  static constexpr std::chrono::milliseconds kRecheck{20};
   int size_;
   size_t max_message_bytes_;
   std::mutex mutex_;
-  std::condition_variable arrived_;
+  std::condition_variable arrived_;  // a group operation completed
+  std::vector<std::condition_variable> inbox_;  // per rank: a message to it arrived
   std::map<Stream, int64_t> sends_, receives_;
-  std::map<std::pair<Stream, int64_t>, std::vector<char>> mail_;
+  struct Mail {
+    std::vector<char> bytes;
+    int64_t message;  // its passage over the Network (Network::Send)
+  };
+  std::map<std::pair<Stream, int64_t>, Mail> mail_;
   std::vector<std::vector<char>> contributions_, result_;
   int arrived_count_ = 0;
   std::vector<bool> present_;  // ranks that joined the pending group operation
@@ -184,6 +266,7 @@ class InProcessGroup {
   std::vector<int> world_ranks_;  // of each rank of this group
   bool allow_short_receives_ = false;
   std::map<std::pair<int64_t, int>, std::shared_ptr<InProcessGroup>> children_;
+  std::shared_ptr<Network> network_;
 };
 
 // One rank's view of the group. Sends are buffered (they complete at once);
@@ -216,15 +299,20 @@ class InProcessRank : public ddl::Group {
   void Wait(Handle h) override {
     Message& m = messages_.at(static_cast<size_t>(h));
     if (m.waited) return;
-    if (m.seq >= 0) group_.Collect(m.stream, m.seq, m.data, m.bytes, peer_timeout_s_);
+    if (m.seq >= 0) group_.Collect(m.stream, m.seq, m.data, m.bytes, clock_);
     m.waited = true;
     --outstanding_;
   }
   bool Test(Handle h) override {
     Message& m = messages_.at(static_cast<size_t>(h));
     if (!m.waited && m.seq >= 0 && !group_.TryCollect(m.stream, m.seq, m.data, m.bytes)) {
+      // A polling caller (the rack pipeline) on a thread-rank: hundreds of
+      // them would spend the machine's few cores polling each other, so a
+      // miss rests until a message to this rank arrives, or a moment.
+      group_.Rest(rank_, kTestRest);
       return false;
     }
+    if (!m.waited) clock_.Progress();
     if (!m.waited) --outstanding_;
     m.waited = true;
     return true;
@@ -284,8 +372,11 @@ class InProcessRank : public ddl::Group {
       dst += all[r].size();
     }
   }
-  void SetPeerTimeout(double seconds) override { peer_timeout_s_ = seconds; }
+  void SetPeerTimeout(double seconds) override { clock_.SetTimeout(seconds); }
+  void SetLiveness(ddl::Liveness* judge) override { clock_.SetLiveness(judge); }
   void SetSpinPolls(int) override {}
+  // This world rank's bytes over the Network's links (every group of it).
+  uint64_t MovedBytes() const override { return group_.network().MovedBytes(WorldRank(rank_)); }
   std::vector<int> PendingPeers() const override {
     std::vector<int> peers;
     for (const Message& m : messages_) {
@@ -337,7 +428,7 @@ class InProcessRank : public ddl::Group {
 
  private:
   std::vector<std::vector<char>> Exchange(std::vector<char> mine) {
-    return group_.Exchange(rank_, std::move(mine), peer_timeout_s_);
+    return group_.Exchange(rank_, std::move(mine), clock_);
   }
   struct Message {
     void* data;
@@ -361,10 +452,11 @@ class InProcessRank : public ddl::Group {
                            std::to_string(group_.max_message_bytes()));
     }
   }
+  static constexpr std::chrono::microseconds kTestRest{1000};
   std::shared_ptr<InProcessGroup> owned_;  // null for a group the caller owns
   InProcessGroup& group_;
   int rank_;
-  double peer_timeout_s_ = 0;
+  ddl::PeerClock clock_;
   int64_t splits_ = 0;  // splits of this group so far (the same on every rank)
   std::vector<Message> messages_;
   int outstanding_ = 0, max_outstanding_ = 0, empty_messages_ = 0;

@@ -17,6 +17,7 @@
 #include "algorithms/node_allreduce.h"
 #include "check.h"
 #include "common/reduce_kernels.h"
+#include "transport/node_segment.h"
 #include "in_process.h"
 
 using namespace ddl;
@@ -154,6 +155,61 @@ void Check(int nodes, int local, ReduceOp op, int call, int racks = 0,
   }
 }
 
+// A rank's failure note names any world rank whole, up to kNoteRanks of
+// them (it was four 16-bit fields: ranks from 65535 up came out wrong).
+void FailureNoteNamesLargeRanks(int call) {
+  InProcessGroup node(2, 1 << 20);
+  node.SetWorldRanks({70000, 70001});
+  const std::string token = "core-check." + std::to_string(getpid()) + "." + std::to_string(call);
+  std::vector<int> named;
+  std::string message;
+  node.Run([&](int r) {
+    InProcessRank plane(node, r);
+    auto arena = ShmArena::Create(plane, token, 4096, 1);
+    arena->SetPeerTimeout(0.2);
+    if (r == 1) {
+      arena->PostFailureNote({65535, 70002, 123456, 4, 5, 6, 7, 8});
+    } else {
+      // Rank 1 never posts a chunk: the wait times out and reads its note.
+      arena->Publish(ShmArena::kPosted, 1);
+      try {
+        arena->WaitForAll(ShmArena::kPosted, 1);
+      } catch (const PeerTimeout& e) {
+        named = e.unreachable();
+        message = e.what();
+      }
+    }
+    plane.AllgatherInt64(0);  // rank 1's arena lives until rank 0 has read
+  });
+  const std::vector<int> expected = {65535, 70002, 123456, 4, 5, 6, 7};
+  Expect(named == expected, "the note names world ranks >= 65535 whole, the first 7: " + message);
+  Expect(message.find("waiting for rank 70001 in node shared memory, which lost contact with "
+                      "rank(s) [65535, 70002, 123456, 4, 5, 6, 7]") != std::string::npos,
+         "and the timeout's message lists them: " + message);
+}
+
+// The arena's memory is reserved in /dev/shm when it is made, not when a
+// page is first touched (a full /dev/shm then was a SIGBUS mid-allreduce).
+void ArenaIsCommittedAtSetUp(int call) {
+  constexpr size_t kSlot = 8 << 20;  // 2 ranks x 4 slots: 64 MiB
+  const std::string token = "core-check." + std::to_string(getpid()) + "." + std::to_string(call);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ShmSpace(&free_before, &total);
+  InProcessGroup node(2, 1 << 20);
+  node.Run([&](int r) {
+    InProcessRank plane(node, r);
+    auto arena = ShmArena::Create(plane, token, kSlot, 4);
+    plane.AllgatherInt64(0);
+    if (r == 0) ShmSpace(&free_after, &total);
+    plane.AllgatherInt64(0);
+  });
+  // Other programs may use /dev/shm meanwhile: most of the 64 MiB suffices.
+  Expect(free_before > free_after && free_before - free_after >= (60u << 20),
+         "a 64 MiB arena takes its memory from /dev/shm at set-up: " +
+             std::to_string(free_before) + " bytes free before, " + std::to_string(free_after) +
+             " after");
+}
+
 }  // namespace
 
 int main() {
@@ -184,5 +240,7 @@ int main() {
     Check(4, 2, ReduceOp::kAverage, call++, 2, wire);
     Check(3, 1, ReduceOp::kAverage, call++, 3, wire);
   }
+  FailureNoteNamesLargeRanks(call++);
+  ArenaIsCommittedAtSetUp(call++);
   return ddl_test::Summary();
 }

@@ -4,7 +4,10 @@
 broadcast_256mb    rank 0 broadcasts 256 MB (run over a 100 Mbit/s link
                    with the default peer timeout: must complete)
 allreduce_forever  64 MB allreduces until the job is ended (the test cuts a
-                   link meanwhile: the cut mostly lands in a data transfer)
+                   link meanwhile: the cut mostly lands in a data transfer);
+                   the even ranks (one on each node) time out 3 s after
+                   their node-mates, so each node's ranks report at
+                   different moments
 idle_forever       one allreduce, then nothing but the engine's idle
                    negotiation until the job is ended (a cut lands there)
 job_identity N     allreduces through node shared memory, checking that
@@ -21,6 +24,11 @@ import tensorflow as tf
 import keras_ddl as ddl
 
 mode = sys.argv[1]
+if mode == "allreduce_forever" and int(os.environ.get("PMI_RANK", "0")) % 2 == 0:
+    # The launcher ends a host's ranks when one of them exits: a rank that
+    # reports first must not end before its node-mate has reported too
+    # (DDL_PEER_TIMEOUT_S is a per-rank setting).
+    os.environ["DDL_PEER_TIMEOUT_S"] = str(float(os.environ["DDL_PEER_TIMEOUT_S"]) + 3)
 ddl.init()
 rank, size = ddl.rank(), ddl.size()
 

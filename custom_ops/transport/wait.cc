@@ -1,0 +1,57 @@
+#include "wait.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+namespace ddl {
+
+void Backoff::Pause() {
+  const int64_t n = pauses_;
+  // Saturates: a wait without a timeout may pause forever.
+  if (pauses_ < (int64_t{1} << 62)) ++pauses_;
+  if (n < pace_.spin_polls) return;
+  if (n < static_cast<int64_t>(pace_.spin_polls) + pace_.yield_polls) {
+    sched_yield();
+    return;
+  }
+  std::this_thread::sleep_for(nap_);
+  if (nap_ < pace_.max_nap) nap_ = std::min(nap_ * 2, pace_.max_nap);
+}
+
+void PeerClock::BeginWait() {
+  const auto now = Clock::now();
+  if (now - last_ > std::chrono::duration<double>(timeout_s_ / 2)) last_ = now;
+}
+
+bool PeerClock::Expired(Clock::time_point now) const {
+  return timeout_s_ > 0 && now - last_ > std::chrono::duration<double>(timeout_s_);
+}
+
+PeerClock::Clock::time_point PeerClock::Deadline(Clock::time_point fallback) const {
+  if (timeout_s_ <= 0) return fallback;
+  const auto at = last_ + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(timeout_s_));
+  return at < fallback ? at : fallback;
+}
+
+std::string PeerClock::Judge(const std::string& what, const std::vector<int>& awaited) {
+  if (judge_ == nullptr) return "no judge";
+  const double quiet = std::chrono::duration<double>(Clock::now() - last_).count();
+  const std::string why = judge_->Judge({what, awaited, quiet});
+  if (why.empty()) Progress();
+  return why;
+}
+
+void PeerClock::Throw(const std::string& what, const std::string& why,
+                      std::vector<int> unreachable) const {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
+  std::string message = "no progress for " + std::string(seconds) + " s waiting for " + what;
+  if (judge_ != nullptr) message += " (" + why + ")";
+  throw PeerTimeout(message, std::move(unreachable));
+}
+
+}  // namespace ddl
