@@ -138,9 +138,10 @@ class DiagnosisWatch(DeathWatch):
         return self.first_diagnosis
 
     def silent_ranks(self):
-        """Ranks that said hello and have not ended."""
-        ended = {d.rank for d in self.deaths}
-        return sorted(r for r in self.ranks if r not in ended)
+        """Ranks that said hello and have not ended (safe to call while the
+        watch runs: it reads copies)."""
+        ended = {d.rank for d in list(self.deaths)}
+        return sorted(r for r in list(self.ranks) if r not in ended)
 
 
 class Attempt:
@@ -233,7 +234,7 @@ def cut_off_ranks(watch):
     """Ranks still running that every fault diagnosis received names
     unreachable (none if there is no diagnosis)."""
     silent = watch.silent_ranks()
-    states = [peer_states(line) for line in watch.fault_lines.values()]
+    states = [peer_states(line) for line in list(watch.fault_lines.values())]
     if not silent or not states:
         return []
     if all(all(s.get(r) == "unreachable" for r in silent) for s in states):
@@ -305,7 +306,9 @@ def run_attempt(plan, prefix_output, address, restart, stop, catch_up):
         code, start_timed_out = wait_for_launcher(launcher, watch, stop, plan)
     finally:
         stop.launcher = None
-        watch.stop()
+        # Output from ranks cut off from everyone cannot arrive: no need
+        # to wait for it.
+        watch.stop(timeout=SILENT_GRACE_S if plan.elastic and cut_off_ranks(watch) else 5.0)
         launcher.stdout.close()
         launcher.stderr.close()
     return Attempt(code, started, time.monotonic(), watch, stop.signal, start_timed_out)
