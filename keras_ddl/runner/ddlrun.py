@@ -77,7 +77,9 @@ def build_parser():
                "[--launcher-exec PATH] [--iface NAME] -l python train.py; if the job fails, "
                "ddlrun names the rank that ended first and its host.")
     p.add_argument("-np", "--num-proc", type=int, required=True, dest="np",
-                   help="total number of processes (ranks)")
+                   help="total number of processes (ranks); with --min-np, --max-np or "
+                        "--host-discovery-script, the slots the job needs to start (it runs "
+                        "on as many as --max-np allows)")
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="comma-separated host[:slots][@rack] list (racks: "
                                               "docs/topology.md)")
