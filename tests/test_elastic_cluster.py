@@ -19,7 +19,7 @@ import numpy as np
 JOB = "elastic_job.py"
 N_SAMPLES, GLOBAL_BATCH, SAVE_FREQ = 48, 6, 2  # as in tests/mpi/elastic_job.py
 STEPS_PER_EPOCH = N_SAMPLES // GLOBAL_BATCH
-CUT_AT_STEP = 11  # mid-way through the second epoch (steps 9-16)
+CUT_AT_STEP = 10  # early in the second and last epoch (steps 9-16)
 PEER_TIMEOUT_S = 3
 PARAMETERS = 6 * 8 + 8 + 8 * 3 + 3  # the job's model
 

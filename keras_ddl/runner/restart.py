@@ -308,7 +308,7 @@ def run_attempt(plan, prefix_output, address, restart, stop, catch_up):
         stop.launcher = None
         # Output from ranks cut off from everyone cannot arrive: no need
         # to wait for it.
-        watch.stop(timeout=SILENT_GRACE_S if plan.elastic and cut_off_ranks(watch) else 5.0)
+        watch.stop(timeout=0.5 if plan.elastic and cut_off_ranks(watch) else 5.0)
         launcher.stdout.close()
         launcher.stderr.close()
     return Attempt(code, started, time.monotonic(), watch, stop.signal, start_timed_out)

@@ -37,10 +37,10 @@ import keras_ddl as ddl  # noqa: E402
 
 N_SAMPLES, GLOBAL_BATCH, SAVE_FREQ = 48, 6, 2
 STEPS_PER_EPOCH = N_SAMPLES // GLOBAL_BATCH
-STEP_SLEEP_S = 0.25  # slow enough for a fault to land mid-epoch
+STEP_SLEEP_S = 0.15  # slow enough for a fault to land mid-epoch
 work = sys.argv[1]
 seed = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 attempt = int(os.environ.get("DDLRUN_RESTART_COUNT", "0"))
 backup_dir = os.path.join(work, "backup")
 ddl.init()
@@ -96,7 +96,7 @@ with strategy.scope():
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   run_eagerly=True)  # train_step sees each step's ids
 
-model.fit(inputs, epochs=epochs, steps_per_epoch=STEPS_PER_EPOCH, verbose=0,
+model.fit(inputs, epochs=epochs, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, shuffle=False,
           callbacks=[backup, Pace()])
 if rank == 0:
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, model(x_with_ids))
