@@ -55,6 +55,11 @@ The contract a resumed script sees (any world size):
 - The interrupted epoch sees each of its samples once, for arrays under
   DDLStrategy and for inputs built with ``sample_index_dataset``, at any
   world size; for a tf.data pipeline at the same world size.
+
+Under ddlrun, ``root_rank`` also tells ddlrun each optimizer step it
+finishes, each backup that is complete and the step an attempt resumed from
+(keras_ddl/common/launcher_progress.py), so that after a restart ddlrun
+prints the time the fault cost and the steps done again.
 """
 
 import dataclasses
@@ -70,7 +75,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..tensorflow import private_api
-from ..common import basics
+from ..common import basics, launcher_progress
 from ..common.validation import check_rank_argument
 from ..tensorflow.collectives import alltoall, broadcast
 from ..tensorflow.objects import broadcast_object
@@ -378,6 +383,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         else:
             self._restore(path, meta)
         self.restored_epoch = self.position.epoch
+        # ddlrun measures what a fault cost from these (launcher_progress.py).
+        self._iterations = self.position.iterations or 0
+        if self._is_root():
+            launcher_progress.report("resumed", self._iterations)
         self._epoch = self.position.epoch
         self._step = self.position.step
         self._since_save = 0
@@ -505,6 +514,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._input.batches_done += per_call
         self._step = batch + per_call
 
+    def on_train_batch_end(self, batch, logs=None):
+        self._iterations += int(getattr(self.model, "steps_per_execution", 1) or 1)
+        if self._is_root():
+            launcher_progress.report("step", self._iterations)
+
     def on_epoch_end(self, epoch, logs=None):
         self._epoch, self._step = epoch + 1, 0
         if self.save_freq == "epoch":
@@ -574,6 +588,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                                    f"{what} in {self.backup_dir} on rank {basics.rank()}: "
                                    f"{e.strerror or e}; {previous}") from e
         backup_store.prune(self.backup_dir, self.keep)
+        launcher_progress.report("backup", position.iterations)
         return final
 
     def save(self, epoch, step=0):
