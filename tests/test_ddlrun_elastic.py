@@ -20,7 +20,7 @@ import pytest
 
 from keras_ddl.runner import ddlrun, elastic
 from keras_ddl.runner.deathwatch import LOST, Death
-from keras_ddl.runner.hosts import DiscoveryScript
+from keras_ddl.runner.hosts import DiscoveryScript, launch_check
 
 PROBE = "elastic_probe.py"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,12 +157,34 @@ CUT = "unreachable"
     ("no hello from c, and the launcher names it",
      dict(hello={0: "h", 1: "h"}, launcher_text="ssh: connect to host c port 22: refused\n"),
      ["c"]),
-    ("no hello from c, not named, not timed out", dict(hello={0: "h", 1: "h"}), []),
+    ("no hello from c, not named, not timed out, its launch not checked",
+     dict(hello={0: "h", 1: "h"}), []),
     ("no hello from c, start timed out", dict(hello={0: "h", 1: "h"}, timed_out=True), ["c"]),
 ])
 def test_which_hosts_a_failed_attempt_blames(case, kwargs, blamed):
     found = elastic.find_blame(HOSTS3, attempt(HOSTS3, **kwargs))
     assert [h for h, _ in found] == blamed, (case, found)
+
+
+def test_a_host_without_ranks_is_blamed_if_its_launch_check_fails():
+    failed = attempt(HOSTS3, hello={0: "h"})  # neither b's nor c's rank started
+    checked = []
+
+    def can_launch(host):
+        checked.append(host)
+        return "'ssh c true' failed (exit code 255): no route" if host == "c" else None
+
+    found = elastic.find_blame(HOSTS3, failed, can_launch=can_launch)
+    assert checked == ["b", "c"]
+    assert found == [("c", "the launch failed there: its rank 2 never started, and 'ssh c "
+                           "true' failed (exit code 255): no route")]
+
+
+def test_the_launch_check_runs_the_launcher_program(tmp_path):
+    ssh = script(tmp_path / "fake-ssh", FAKE_SSH)
+    assert launch_check(ssh, "fakea") is None
+    assert launch_check(ssh, "lostb") == (f"'{ssh} lostb true' failed (exit code 255): ssh: "
+                                          "connect to host lostb port 22: No route to host")
 
 
 def test_two_hosts_that_name_each_other_blame_neither():
@@ -306,9 +328,12 @@ for h in $line; do echo $h; done
         r"so far: [\d.]+ s since the first rank failed",
         r"lostd joins: the discovery script lists it; the job goes on with 3 rank\(s\) on "
         r"fakea:1,fakeb:1,lostd:1 \(was 3\)",
+        # The launcher may exit before it prints the stand-in's error: then
+        # ddlrun's own check of the host finds it.
         r"lostd is left out of the next attempts: the launch failed there: its rank 2 never "
-        r"started \(the launcher said: ssh: connect to host lostd port 22: No route to host\); "
-        r"the job goes on with 3 rank\(s\) on fakea:1,fakeb:1,fakec:1 \(was 3\)",
+        r"started( \(the launcher said: |, and '\S+fake-ssh lostd true' failed \(exit code "
+        r"255\): )ssh: connect to host lostd port 22: No route to host\)?; the job goes on with 3 "
+        r"rank\(s\) on fakea:1,fakeb:1,fakec:1 \(was 3\)",
         r"fakec rejoins: the discovery script lists it again after it had been left out and "
         r"unlisted; the job goes on with 3 rank\(s\) on fakea:1,fakeb:1,fakec:1",
         r"only rank\(s\) \[2\] still run, and every diagnosis names them unreachable",

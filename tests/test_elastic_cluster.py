@@ -19,7 +19,9 @@ import numpy as np
 JOB = "elastic_job.py"
 N_SAMPLES, GLOBAL_BATCH, SAVE_FREQ = 48, 6, 2  # as in tests/mpi/elastic_job.py
 STEPS_PER_EPOCH = N_SAMPLES // GLOBAL_BATCH
-CUT_AT_STEP = 10  # early in the second and last epoch (steps 9-16)
+# After step 11 of 16 (the second and last epoch is steps 9-16): the backup
+# of step 10, gathered at the start of step 11, is complete by then.
+CUT_AT_STEP = 11
 PEER_TIMEOUT_S = 3
 PARAMETERS = 6 * 8 + 8 + 8 * 3 + 3  # the job's model
 

@@ -51,8 +51,8 @@ import threading
 
 from .agent import TOKEN_VARIABLE
 from .deathwatch import DeathWatch
-from .hosts import (DiscoveryScript, UsageError, hostfile_items, is_this_host, parse_hosts,
-                    split_racks, topology_env)
+from .hosts import (DiscoveryScript, UsageError, hostfile_items, is_this_host, launch_check,
+                    parse_hosts, split_racks, topology_env)
 from . import settings
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
@@ -200,8 +200,11 @@ def elastic_plan(args, env, hosts, racks, discovery):
     def command_for(attempt_hosts, size, address):
         return build_command(args, env, attempt_hosts, agent_address=address, np=size)
 
+    def can_launch(host):
+        return None if is_this_host(host) else launch_check(args.launcher_exec, host)
+
     pool = HostPool(hosts, racks, args.min_np, args.max_np, discovery)
-    return ElasticPlan(pool, command_for, env)
+    return ElasticPlan(pool, command_for, env, can_launch=can_launch)
 
 
 def run_restarting(args, env, hosts, racks, discovery):

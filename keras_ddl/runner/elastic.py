@@ -6,7 +6,8 @@ each attempt runs on the hosts ddlrun still trusts, filled in order up to
 hosts from what it already knows (``find_blame``):
 
 * the launch failed there: none of the host's ranks said hello, and the
-  launcher's own output names the host, or the ranks' start timed out;
+  launcher's own output names the host, or the ranks' start timed out, or
+  ddlrun cannot run ``ssh HOST true`` (the --launcher-exec program) there;
 * its ranks died: the first rank to end was killed by a signal other than
   a request to stop (SIGTERM, SIGINT, SIGHUP), or vanished without a word;
 * the diagnoses name it: every fault diagnosis from the other hosts' ranks
@@ -86,9 +87,13 @@ def _line_naming(text, host):
     return next((line.strip() for line in text.splitlines() if word.search(line)), None)
 
 
-def find_blame(hosts, attempt, start_timeout_s=START_TIMEOUT_S):
+def find_blame(hosts, attempt, start_timeout_s=START_TIMEOUT_S, can_launch=None):
     """[(host, why)]: the hosts of ``hosts`` ([(host, slots)] the attempt
-    ran on) to leave out after the failed ``attempt`` (restart.Attempt)."""
+    ran on) to leave out after the failed ``attempt`` (restart.Attempt).
+    ``can_launch(host)``: why processes cannot be started there, or None
+    (hosts.launch_check), asked of hosts none of whose ranks started when
+    nothing else tells why (the launcher may exit before it prints the
+    error of the host it could not reach)."""
     watch = attempt.watch
     if watch is None:
         return []
@@ -100,12 +105,16 @@ def find_blame(hosts, attempt, start_timeout_s=START_TIMEOUT_S):
         if not ranks or any(r in watch.ranks for r in ranks):
             continue
         said = _line_naming(launcher_text, host)
+        failed = f"the launch failed there: its {_span(ranks)} never started"
         if attempt.start_timed_out:
             blamed[host] = (f"the launch failed there: its {_span(ranks)} did not start within "
                             f"{start_timeout_s:g} s")
         elif said is not None:
-            blamed[host] = f"the launch failed there: its {_span(ranks)} never started " \
-                           f"(the launcher said: {said[:200]})"
+            blamed[host] = f"{failed} (the launcher said: {said[:200]})"
+        elif can_launch is not None:
+            why = can_launch(host)
+            if why is not None:
+                blamed[host] = f"{failed}, and {why}"
     first = attempt.failure
     if not blamed and first is not None and first.rank in host_of and died(first.how):
         blamed[host_of[first.rank]] = (f"its rank {first.rank} was the first to end "
@@ -220,12 +229,16 @@ class ElasticPlan:
         env: the DDL_* settings every attempt gets (DDL_TOPOLOGY is made
             per attempt from the pool's racks).
         start_timeout_s: how long ranks have to start (say hello).
+        can_launch: host -> why processes cannot be started there, or None
+            (find_blame).
     """
 
     elastic = True
 
-    def __init__(self, pool, command_for, env, start_timeout_s=START_TIMEOUT_S):
+    def __init__(self, pool, command_for, env, start_timeout_s=START_TIMEOUT_S,
+                 can_launch=None):
         self.pool = pool
+        self.can_launch = can_launch
         self._command_for = command_for
         self._env = dict(env)
         self.start_timeout_s = start_timeout_s
@@ -245,7 +258,8 @@ class ElasticPlan:
         """(lines, go on?): leaves out the hosts to blame, asks the
         discovery script again, and sets the next attempt's hosts."""
         events = [(h, "is left out of the next attempts", why)
-                  for h, why in find_blame(self.hosts, attempt, self.start_timeout_s)]
+                  for h, why in find_blame(self.hosts, attempt, self.start_timeout_s,
+                                           self.can_launch)]
         for host, _, why in events:
             self.pool.leave_out(host, why)
         notes = []

@@ -15,6 +15,9 @@ HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
 RACK_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # A discovery script that has not answered in this time is treated as failed.
 DISCOVERY_TIMEOUT_S = 60.0
+# How long `ssh HOST true` (or the --launcher-exec program) may take when
+# ddlrun checks that it can still start processes on a host.
+LAUNCH_CHECK_TIMEOUT_S = 15.0
 
 
 class UsageError(ValueError):
@@ -137,3 +140,23 @@ class DiscoveryScript:
             raise UsageError(f"{source} failed with exit code {proc.returncode}: {tail[0]}")
         items, racks = split_racks(hostfile_items(proc.stdout.splitlines()), source)
         return parse_hosts(items, source, default_slots=self.slots_per_host), racks
+
+
+def launch_check(launcher_exec, host, timeout_s=LAUNCH_CHECK_TIMEOUT_S):
+    """Why the launcher cannot start a process on ``host``, or None if it
+    can: runs ``launcher_exec HOST true`` (ssh in batch mode when no
+    --launcher-exec is given), as the MPI launcher would start its proxy."""
+    argv = [launcher_exec, host, "true"] if launcher_exec else \
+        ["ssh", "-o", "BatchMode=yes", host, "true"]
+    shown = " ".join(argv)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"'{shown}' did not finish in {timeout_s:g} s"
+    except OSError as e:
+        return f"'{shown}' could not run: {e}"
+    if proc.returncode == 0:
+        return None
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+    return f"'{shown}' failed (exit code {proc.returncode}): {tail[0][:200]}"
