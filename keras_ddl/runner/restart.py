@@ -49,7 +49,7 @@ DIAGNOSIS_MARK = "[keras_ddl]"
 FAULT_MARK = " lost contact in "
 PEER_ENTRY = re.compile(r"\brank (\d+) on (\S+) (gone|stopped|unreachable):")
 # After a rank failed, how long the launcher has to end the others itself.
-# A dead rank ends the job within 30 s (DESIGN.md): the ranks' own
+# A dead rank ends the job within 30 s (docs/failures.md): the ranks' own
 # diagnosis takes DDL_PEER_TIMEOUT_S plus a few seconds.
 END_GRACE_S = 30.0
 # After SIGTERM, how long the launcher has before SIGKILL.
