@@ -24,7 +24,8 @@ outcome).
 First, a node lost for good (``--lost-node-runs``, each with its own seed):
 three nodes x one rank train tests/mpi/elastic_job.py (a backup every 2
 steps) under ``ddlrun --min-np 2 --max-restarts 2``, and node3's link is
-cut at a random step, not an epoch's first, and never restored. The job
+cut at a random step (one whose last complete backup is within an epoch)
+and never restored. The job
 must go on with node1 and node2 and finish; the interrupted epoch must see
 every sample once; the run must end bitwise equal to a fresh 2-node run
 from the backup it resumed from; and its final loss must be within the
@@ -284,12 +285,15 @@ def covered_once(work, resumed_step):
 
 def lost_node(cluster, workdir, seed, epochs, rng):
     """One 3-node job that loses node3 (its link cut, never restored) at a
-    random step that is not an epoch's first; returns a table row."""
+    random step; returns a table row."""
     work = os.path.join(workdir, f"lost-{seed}")
     os.makedirs(work)
     total = epochs * LOST_NODE_STEPS_PER_EPOCH
+    # Cut after step s: the backup of step s - 1 (odd s) or s - 2 (even s: the
+    # backup of s is gathered when step s + 1 begins, after the cut) is the
+    # last complete one, and it must be within an epoch.
     cut_at = rng.choice([s for s in range(LOST_NODE_STEPS_PER_EPOCH + 1, total - 4)
-                         if s % LOST_NODE_STEPS_PER_EPOCH != 1])
+                         if s % LOST_NODE_STEPS_PER_EPOCH not in (1, 2)])
     job = Job(lost_node_argv(cluster, cluster.hosts, work, seed, epochs, elastic=True))
     try:
         while job.proc.poll() is None and not any(
