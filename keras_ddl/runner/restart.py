@@ -55,9 +55,9 @@ END_GRACE_S = 30.0
 # After SIGTERM, how long the launcher has before SIGKILL.
 KILL_GRACE_S = 10.0
 # Elastic plans: once every rank still running is one the others diagnosed
-# unreachable, how long the launcher has to end (it may be waiting for a
-# host it can no longer reach).
-SILENT_GRACE_S = 2.0
+# unreachable, how long the launcher has to end by itself before ddlrun
+# stops it (it would wait for a host it can no longer reach).
+SILENT_GRACE_S = 0.5
 POLL_S = 0.25  # how often ddlrun looks at the launcher while it runs
 LAUNCHER_TEXT_BYTES = 65536  # the launcher's own output kept for the plan
 
