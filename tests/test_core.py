@@ -225,8 +225,10 @@ def test_process_set_setup_agreement_on_threads_as_ranks(tmp_path):
 
 def test_autotune_on_threads_as_ranks(tmp_path):
     """DDL_AUTOTUNE with injected times: the slowest rank's median decides,
-    rank 0's choice reaches every rank at the same batch, the table is
-    printed once and saved, reused for the same job shape and refused for
+    rank 0's choice reaches every rank at the same batch, the algorithms'
+    table is printed when they are chosen and the settings' when those are
+    (a job cut short says how far it got), the table is saved, reused for
+    the same job shape and refused for
     another; whole engines (flat, and 2 nodes x 2 local ranks) give every
     rank the same bits, the rank-order sum, through the switch."""
     assert_no_failures(build_and_run("autotune_check.cc", engine_sources(), tmp_path))

@@ -347,14 +347,6 @@ def _outside_references(text, prose):
     return found
 
 
-# Pages another branch is rewriting, whose outside references that branch
-# removes: {page: why}. Delete an entry once that branch has landed on main.
-REWRITTEN_ELSEWHERE = {
-    "docs/versions.md": "the `reference` branch re-runs the version matrix and rewrites the "
-                        "page, /tmp log paths included",
-}
-
-
 def test_nothing_refers_to_a_file_outside_the_repository():
     """No page, README, source file or test names a file the repository does
     not hold (DESIGN.md, BENCHMARKS.md, ../shared, /work/...); no page's prose
@@ -366,7 +358,7 @@ def test_nothing_refers_to_a_file_outside_the_repository():
     this = os.path.relpath(os.path.abspath(__file__), REPO)
     bad = {}
     for rel in _tracked("*"):
-        if (rel == this or rel in REWRITTEN_ELSEWHERE
+        if (rel == this
                 or not re.search(r"\.(md|py|cc|h|def|txt|cfg|toml|sh|json)$", rel)):
             continue
         text = _read(rel)
