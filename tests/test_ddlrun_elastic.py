@@ -324,16 +324,16 @@ for h in $line; do echo $h; done
         r"ranks \(2\) names its rank 2 unreachable, and none of them was heard from after the "
         r"fault; the job goes on with 3 rank\(s\) on fakea:1,fakeb:1,lostd:1 \(was 3\); time lost "
         r"so far: [\d.]+ s since the first rank failed",
-        r"lostd joins: the discovery script lists it; the job goes on with 3 rank\(s\) on "
-        r"fakea:1,fakeb:1,lostd:1 \(was 3\)",
+        r"lostd joins at restart 1: the discovery script lists it; the job goes on with 3 "
+        r"rank\(s\) on fakea:1,fakeb:1,lostd:1 \(was 3\); time lost so far: ",
         # The launcher may exit before it prints the stand-in's error: then
         # ddlrun's own check of the host finds it.
         r"lostd is left out of the next attempts: the launch failed there: its rank 2 never "
         r"started( \(the launcher said: |, and '\S+fake-ssh lostd true' failed \(exit code "
         r"255\): )ssh: connect to host lostd port 22: No route to host\)?; the job goes on with 3 "
         r"rank\(s\) on fakea:1,fakeb:1,fakec:1 \(was 3\)",
-        r"fakec rejoins: the discovery script lists it again after it had been left out and "
-        r"unlisted; the job goes on with 3 rank\(s\) on fakea:1,fakeb:1,fakec:1",
+        r"fakec rejoins at restart 2: the discovery script lists it again after it had been left "
+        r"out and unlisted; the job goes on with 3 rank\(s\) on fakea:1,fakeb:1,fakec:1",
         r"only rank\(s\) \[2\] still run, and every diagnosis names them unreachable",
     ]
     for pattern in expected:

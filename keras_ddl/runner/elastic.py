@@ -32,7 +32,7 @@ import socket
 
 from .deathwatch import LOST
 from .hosts import UsageError, format_hosts, is_this_host, topology_env
-from .restart import peer_states
+from .restart import peer_states, say
 
 # How long the ranks of an attempt have to say hello before ddlrun ends the
 # attempt and blames the hosts none of whose ranks did.
@@ -255,19 +255,19 @@ class ElasticPlan:
         return env
 
     def after_failure(self, attempt, restart, time_lost):
-        """(lines, go on?): leaves out the hosts to blame, asks the
-        discovery script again, and sets the next attempt's hosts."""
-        events = [(h, "is left out of the next attempts", why)
-                  for h, why in find_blame(self.hosts, attempt, self.start_timeout_s,
-                                           self.can_launch)]
-        for host, _, why in events:
+        """Leaves out the hosts to blame, asks the discovery script again,
+        sets the next attempt's hosts and says each decision in one line;
+        returns whether enough slots are left to go on."""
+        blamed = find_blame(self.hosts, attempt, self.start_timeout_s, self.can_launch)
+        for host, why in blamed:
             self.pool.leave_out(host, why)
-        notes = []
+        changes = []
         if self.pool.discovery is not None:
             try:
-                events += self.pool.rediscover()
+                changes = self.pool.rediscover()
             except UsageError as e:
-                notes.append(f"{e}; restart {restart} uses the hosts it listed before")
+                say(f"the discovery script failed before restart {restart}: {e}; that restart "
+                    "uses the hosts it listed before")
         was = self.world_size
         size = self.pool.size()
         go_on = size >= self.pool.min_np
@@ -278,6 +278,17 @@ class ElasticPlan:
         else:
             outcome = (f"{self.pool.capacity()} slot(s) remain, fewer than --min-np "
                        f"{self.pool.min_np}")
-        lines = notes + [f"{host} {event}: {why}; {outcome}; time lost so far: {time_lost}"
-                         for host, event, why in events]
-        return lines, go_on
+        for host, why in blamed:
+            say(f"{host} is left out of the next attempts: {why}; {outcome}; time lost so far: "
+                f"{time_lost}")
+        for host, event, why in changes:
+            if event == "joins":
+                say(f"{host} joins at restart {restart}: {why}; {outcome}; time lost so far: "
+                    f"{time_lost}")
+            elif event == "rejoins":
+                say(f"{host} rejoins at restart {restart}: {why}; {outcome}; time lost so far: "
+                    f"{time_lost}")
+            else:
+                say(f"{host} leaves at restart {restart}: {why}; {outcome}; time lost so far: "
+                    f"{time_lost}")
+        return go_on

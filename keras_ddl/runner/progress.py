@@ -45,6 +45,15 @@ class Progress:
         return True
 
 
+# What a fault cost, once the job is back at the step it had reached: all
+# times in seconds. detect: from the last step to the failed attempt's end;
+# relaunch: from there to the relaunched attempt's resume; redo: from there
+# to the step again, redoing ``redone`` steps from ``resumed_step``. With
+# several relaunches in between, only ``total`` is meaningful.
+TimeLost = collections.namedtuple(
+    "TimeLost", "step attempt total relaunches detect relaunch resumed_step redo redone")
+
+
 class CatchUp:
     """What a failed attempt had reached: ``step`` done at ``progress_at``;
     the attempt ended at ``ended_at``. A later attempt that finishes
@@ -57,23 +66,17 @@ class CatchUp:
         self.ended_at = ended_at
         self.relaunches = 0     # launches since that attempt
 
-    def line(self, progress, launched_at, now):
-        """The time-lost line if ``progress`` (of the attempt launched at
-        ``launched_at``) is back at ``step``, else None."""
+    def reached(self, progress, now):
+        """A TimeLost if ``progress`` (of a later attempt) is back at
+        ``step``, else None."""
         back = progress.last_step is not None and progress.last_step.step >= self.step
         if progress.resumed is not None and progress.resumed.step >= self.step:
             back = True
         if not back:
             return None
-        lost = now - self.progress_at
-        text = (f"back at step {self.step}, where attempt {self.attempt} last made progress: "
-                f"{lost:.1f} s lost to the fault")
-        if self.relaunches != 1:  # several relaunches: only the total is meaningful
-            return text + f", over {self.relaunches} relaunches"
         start = progress.resumed or progress.first_step
         resumed_at = start.at if start is not None else now
         resumed_step = progress.resumed.step if progress.resumed is not None else 0
-        redone = max(0, self.step - resumed_step)
-        return (text + f" = {self.ended_at - self.progress_at:.1f} s to detect it and end the "
-                f"attempt + {resumed_at - self.ended_at:.1f} s to relaunch and resume from "
-                f"step {resumed_step} + {now - resumed_at:.1f} s to redo {redone} step(s)")
+        return TimeLost(self.step, self.attempt, now - self.progress_at, self.relaunches,
+                        self.ended_at - self.progress_at, resumed_at - self.ended_at,
+                        resumed_step, now - resumed_at, max(0, self.step - resumed_step))

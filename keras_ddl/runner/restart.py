@@ -83,8 +83,8 @@ class DiagnosisWatch(DeathWatch):
     rank, the last line it wrote to stderr that starts with ``[keras_ddl]``
     (and the last fault diagnosis among them), the first such line of the
     job, the tail of the launcher's own output, and the training's
-    progress; and that prints the time-lost line when this attempt is back
-    at ``catch_up``'s step."""
+    progress; and that notes what the fault cost (``caught_up``) when this
+    attempt is back at ``catch_up``'s step."""
 
     def __init__(self, *args, catch_up=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -94,7 +94,8 @@ class DiagnosisWatch(DeathWatch):
         self.launcher_text = b""
         self.progress = Progress()
         self.catch_up = catch_up
-        self.caught_up = False
+        self.caught_up = None  # a progress.TimeLost once back at catch_up's step
+        self.time_lost_said = False
         self._lines = {}  # (id(agent), kind) -> _WholeLines
 
     def _handle(self, agent, kind, payload):
@@ -126,10 +127,7 @@ class DiagnosisWatch(DeathWatch):
         now = time.monotonic()
         if not self.progress.note(line, now) or self.catch_up is None or self.caught_up:
             return
-        text = self.catch_up.line(self.progress, self._start, now)
-        if text is not None:
-            self.caught_up = True
-            self._write(STDERR, f"ddlrun: {text}\n".encode())
+        self.caught_up = self.catch_up.reached(self.progress, now)
 
     def diagnosis_for(self, rank):
         """(rank, line): ``rank``'s own last diagnosis, else the job's first."""
@@ -242,6 +240,23 @@ def cut_off_ranks(watch):
     return []
 
 
+def say_time_lost(watch):
+    """Prints, once, what the fault cost if the attempt is back where the
+    failed one last made progress."""
+    lost = watch.caught_up
+    if lost is None or watch.time_lost_said:
+        return
+    watch.time_lost_said = True
+    if lost.relaunches != 1:
+        say(f"back at step {lost.step}, where attempt {lost.attempt} last made progress: "
+            f"{lost.total:.1f} s lost to the fault, over {lost.relaunches} relaunches")
+        return
+    say(f"back at step {lost.step}, where attempt {lost.attempt} last made progress: "
+        f"{lost.total:.1f} s lost to the fault = {lost.detect:.1f} s to detect it and end the "
+        f"attempt + {lost.relaunch:.1f} s to relaunch and resume from step {lost.resumed_step} "
+        f"+ {lost.redo:.1f} s to redo {lost.redone} step(s)")
+
+
 def wait_for_launcher(launcher, watch, stop, plan):
     """The launcher's exit code and whether the ranks' start timed out;
     ends the launcher when a rank failed END_GRACE_S ago (or a signal was
@@ -255,6 +270,7 @@ def wait_for_launcher(launcher, watch, stop, plan):
             return launcher.wait(timeout=POLL_S), False
         except subprocess.TimeoutExpired:
             pass
+        say_time_lost(watch)
         now = time.monotonic()
         if stop.signal is not None:
             signalled_at = signalled_at or now
@@ -309,6 +325,7 @@ def run_attempt(plan, prefix_output, address, restart, stop, catch_up):
         # Output from ranks cut off from everyone cannot arrive: no need
         # to wait for it.
         watch.stop(timeout=0.5 if plan.elastic and cut_off_ranks(watch) else 5.0)
+        say_time_lost(watch)
         launcher.stdout.close()
         launcher.stderr.close()
     return Attempt(code, started, time.monotonic(), watch, stop.signal, start_timed_out)
@@ -368,8 +385,8 @@ class SameHosts:
         return dict(self._env)
 
     def after_failure(self, attempt, restart, time_lost):
-        """(lines to print, go on?) after a failed attempt: always go on."""
-        return [], True
+        """Whether to go on after a failed attempt: always."""
+        return True
 
 
 def next_catch_up(pending, attempt, number):
@@ -421,10 +438,8 @@ def run_with_restarts(plan, prefix_output, address, max_restarts, delay_s, share
                 say(f"{name} received after attempt {restarts + 1} failed ({cause}): "
                     "not restarting")
                 return attempt.code
-            lines, go_on = plan.after_failure(attempt, restarts + 1,
-                                              time_lost_so_far(attempt, time.monotonic()))
-            for line in lines:
-                say(line)
+            go_on = plan.after_failure(attempt, restarts + 1,
+                                       time_lost_so_far(attempt, time.monotonic()))
             if not go_on:
                 say(f"the job failed (exit code {attempt.code}); {cause}. Giving up: too few "
                     f"slots are left for --min-np {plan.min_np}")
