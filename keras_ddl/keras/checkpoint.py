@@ -3,7 +3,7 @@ run from the last backup, at the same or at another world size.
 
 ```python
 backup = ddl.callbacks.BackupAndRestore("/shared/run1/backup", save_freq=100)
-model.fit(x, y, batch_size=256, epochs=90, callbacks=[backup, ...])   # the same command after a crash
+model.fit(x, y, batch_size=256, epochs=90, callbacks=[backup, ...])  # the same after a crash
 ```
 
 What a backup holds: every variable of the model (weights, BatchNorm
@@ -470,12 +470,20 @@ class BackupAndRestore(keras.callbacks.Callback):
                                      f" (the backup's, written by {position.world_size} ranks)")
 
     def _warn_unpositioned(self):
-        if self._input.kind == fit_input.OTHER and self.save_freq != "epoch" and \
-                self._is_root():
-            _warn(f"BackupAndRestore: the input ({self._input.why_not}) cannot be positioned: a run "
-                  "resumed from a backup taken within an epoch starts that epoch at its first "
-                  "batch (give arrays, a tf.data pipeline, or "
+        if not self._is_root():
+            return
+        if self._input.kind == fit_input.OTHER and self.save_freq != "epoch":
+            _warn(f"BackupAndRestore: the input ({self._input.why_not}) cannot be positioned: a "
+                  "run resumed from a backup taken within an epoch starts that epoch at its "
+                  "first batch (give arrays, a tf.data pipeline, or "
                   "keras_ddl.data.sample_index_dataset)")
+        if self._input.reshuffles_ahead:
+            _warn("BackupAndRestore: this tf.data pipeline maps in parallel after a batch, over a "
+                  "shuffle that reshuffles each epoch; TensorFlow restores such an iterator with "
+                  "the reshuffling one epoch ahead, so after a resume the epochs that follow the "
+                  "resumed one are shuffled differently from an uninterrupted run (the resumed "
+                  "epoch is exact). Map before batching, or without num_parallel_calls, to "
+                  "resume bitwise")
 
     def on_train_end(self, logs=None):
         try:
