@@ -381,7 +381,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = self.position.epoch
         self._step = self.position.step
         self._since_save = 0
-        self._iterator_warned = False
+        self._iterator_unsavable = False
         if self.position.epoch > 0 or self.position.step > 0:
             # Keras' own BackupAndRestore resumes the same way: fit reads this
             # attribute after on_train_begin.
@@ -522,18 +522,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         """This rank's own state as the bytes of an .npz."""
         arrays = {f"own_{i}": np.asarray(v.numpy()) for i, v in enumerate(self._own_variables())}
         kind = self._input.kind
-        if kind == fit_input.TF_DATA:
+        if kind == fit_input.TF_DATA and not self._iterator_unsavable:
             try:
                 for name, data in self._input.iterator_state().items():
                     arrays[f"iterator_{name}"] = np.frombuffer(data, np.uint8)
             except Exception as e:
-                kind = fit_input.OTHER
-                if not self._iterator_warned:
-                    self._iterator_warned = True
-                    _warn(f"BackupAndRestore: TensorFlow cannot save this tf.data pipeline's "
-                          f"iterator ({type(e).__name__}: {str(e).splitlines()[0][:200]}); a "
-                          "run resumed from a backup taken within an epoch starts that epoch "
-                          "at its first batch")
+                self._iterator_unsavable = True  # not tried again in this fit
+                _warn(f"BackupAndRestore: TensorFlow cannot save this tf.data pipeline's "
+                      f"iterator ({type(e).__name__}: {str(e).splitlines()[0][:200]}); a "
+                      "run resumed from a backup taken within an epoch starts that epoch "
+                      "at its first batch")
+        if kind == fit_input.TF_DATA and self._iterator_unsavable:
+            kind = fit_input.OTHER
         return backup_store.npz_bytes(arrays), kind
 
     def _save(self, epoch, step):
