@@ -520,7 +520,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _rank_state(self):
         """This rank's own state as the bytes of an .npz."""
-        arrays = {f"own_{i}": np.asarray(v.numpy()) for i, v in enumerate(self._own_variables())}
+        own = [tf.identity(v.value) for v in self._own_variables()]
+        arrays = {f"own_{i}": np.asarray(t) for i, t in enumerate(own)}
         kind = self._input.kind
         if kind == fit_input.TF_DATA and not self._iterator_unsavable:
             try:
@@ -552,10 +553,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         position = TrainingPosition(epoch=epoch, step=step, global_batch=self._global_batch,
                                     iterations=iterations, world_size=basics.size(),
                                     shuffle_seed=self._input.shuffle_seed, input=kind)
-        arrays = [(v.path, np.asarray(v.numpy())) for v in self._shared_variables()]
+        # Snapshots (reads: an update after them copies the variable's buffer
+        # first), made into numpy arrays by the writer.
+        arrays = [(v.path, tf.identity(v.value)) for v in self._shared_variables()]
         generator = _global_seed_generator()
         if generator is not None:
-            arrays.append((_GLOBAL_SEED_PATH, np.asarray(generator.state.numpy())))
+            arrays.append((_GLOBAL_SEED_PATH, tf.identity(generator.state.value)))
         meta = {"position": dataclasses.asdict(position), "root_rank": self.root_rank,
                 "iterator_epoch": self._input.current_epoch, "keras": keras.__version__,
                 "time": time.time()}
