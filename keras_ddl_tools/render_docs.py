@@ -232,6 +232,28 @@ def view_fit_cluster(result):
 
 # name -> (results file, function, keyword arguments). A new results file
 # gets a view here, then a block in README.md or docs/PERFORMANCE.md.
+def view_backup_cost(result):
+    """bench backup: what BackupAndRestore(save_freq=N) costs a ResNet-50 step."""
+    head = ["written", "state (MB)", "step (s)", "one backup (s)", "training blocked (s)",
+            "write (s)", "N = 10", "N = 100", "N = 1000"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    names = {"sync": "before training goes on", "background": "in the background"}
+    for r in _rows(result, "backup_cost", ["sync", "background"]):
+        seconds = lambda v: f"{v:.3f}"  # noqa: E731
+        share = lambda v: f"{100 * v:.2g}%"  # noqa: E731
+        lines.append(
+            f"| {names[r['key']]} | {r['state_MB']['median']:.0f} | "
+            f"{_range(r['step_s'], seconds)} | {_range(r['save_s'], seconds)} | "
+            f"{_range(r['blocked_s'], seconds)} | {_range(r['write_s'], seconds)} | "
+            + " | ".join(_range(r[f"per_step@{n}"], share) for n in (10, 100, 1000)) + " |")
+    lines += ["", "\"One backup\" is what one backup adds to training (the steps' time with "
+              "backups every 10 steps, less without, per backup); the N columns are that cost "
+              "as a share of training time at `save_freq = N` (measured at 10, computed from the "
+              "same cost for 100 and 1000, valid while a write takes less than N steps).", "",
+              _source(result)]
+    return lines
+
+
 VIEWS = {
     "allreduce_1host.headline": ("allreduce_1host", view_allreduce,
                                  {"sizes": ["4KB", "1MB", "16MB", "64MB"]}),
@@ -239,6 +261,7 @@ VIEWS = {
     "allreduce_1host.sizes": ("allreduce_1host", view_allreduce, {"busbw": True}),
     "allreduce_1host.gradients": ("allreduce_1host", view_gradients, {}),
     "fit_1proc.overhead": ("fit_1proc", view_fit_overhead, {}),
+    "backup_resnet50.cost": ("backup_resnet50", view_backup_cost, {}),
     # Views ready for results files not made yet (see docs/results/README.md):
     "cluster_2x1_1gbit.allreduce": ("cluster_2x1_1gbit", view_cluster_allreduce, {}),
     "cluster_2x2_1gbit.allreduce": ("cluster_2x2_1gbit", view_cluster_allreduce, {}),

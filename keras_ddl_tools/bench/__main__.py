@@ -89,19 +89,15 @@ def parse(argv):
     bk.add_argument("--steps", type=int, default=35, help="steps per timed fit")
     bk.add_argument("--save-freq", type=int, default=10, help="BackupAndRestore save_freq")
     bk.add_argument("--reps", type=int, default=3, help="repetitions per launch")
-    bk.add_argument("--launches", type=int, default=1,
-                    help="processes launched one after the other; medians and ranges")
     bk.add_argument("--threads", type=int, default=0,
                     help="TensorFlow intra- and inter-op threads (0: TensorFlow's default)")
     bk.add_argument("--dir", help="where the backups are written (default: a temporary "
                                   "directory)")
     bk.add_argument("--json", help="also write the results to this JSON file")
-    bk.add_argument("--rows-json", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.command == "backup" and (args.launches < 1 or args.save_freq < 1 or
-                                     args.steps < 3 * args.save_freq + 2):
-        parser.error("backup: --launches and --save-freq must be >= 1, and --steps at least "
-                     "3 x --save-freq + 2 (three saves inside the timed steps)")
+    if args.command == "backup" and (args.save_freq < 1 or args.steps < 3 * args.save_freq + 2):
+        parser.error("backup: --save-freq must be >= 1 and --steps at least 3 x --save-freq "
+                     "+ 2 (three saves inside the timed steps)")
     if getattr(args, "reps", 1) < 1:
         parser.error("--reps must be >= 1")
     return args

@@ -1,7 +1,8 @@
 """What ``BackupAndRestore(save_freq=N)`` costs a training step, with ResNet-50's state.
 
-    python -m keras_ddl.bench backup                      # one process, 3 repetitions
-    python -m keras_ddl.bench backup --launches 5 --json docs/results/backup_resnet50.json
+    python -m keras_ddl.bench backup                 # one process, 3 repetitions
+    python -m keras_ddl_tools.results run --name backup_resnet50 --launches 5 \
+        --conditions "..." -- python -m keras_ddl.bench backup --image-size 64
 
 One process trains Keras' ResNet-50 (25.6 M parameters, 1000 classes; with
 SGD momentum and BatchNorm the backed-up state is about 205 MB) on a
@@ -14,8 +15,7 @@ goes on). A step's time is the interval between consecutive
 ``on_train_batch_begin`` calls, where the backup is taken, so a step that
 saves includes its save; the first step of each fit is left out.
 
-Columns, per kind of backup (medians over the repetitions of every launch,
-with the range of the launches' medians):
+Columns, per kind of backup (``method``), medians over the repetitions:
 
 - ``step_s``: median step time without backups (the baseline).
 - ``save_s``: what one backup adds to the fit: (sum of step times with
@@ -166,7 +166,7 @@ def summarize(runs, args, state_bytes):
         save = statistics.median(costs)
         blocked = [b for r in runs[kind] for b in r["blocked"]]
         writes = [w for r in runs[kind] for w in r["writes"]]
-        row = {"backup": kind, "state_MB": round(state_bytes / 1e6, 1), "step_s": step,
+        row = {"method": kind, "state_MB": round(state_bytes / 1e6, 1), "step_s": step,
                "save_s": save, "blocked_s": statistics.median(blocked),
                "write_s": statistics.median(writes)}
         for n in ROUNDS_AT:
@@ -175,66 +175,18 @@ def summarize(runs, args, state_bytes):
     return rows
 
 
-def launch_and_merge(args):
-    """Runs ``--launches`` launches (this program, one process each) and
-    merges their rows: medians, and the range of the launches' values."""
-    import json
-    import subprocess
-
-    per_launch = []
-    for i in range(args.launches):
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            path = f.name
-        argv = [sys.executable, "-m", "keras_ddl.bench", "backup", "--launches", "1",
-                "--steps", str(args.steps), "--save-freq", str(args.save_freq),
-                "--reps", str(args.reps), "--batch", str(args.batch),
-                "--image-size", str(args.image_size), "--threads", str(args.threads),
-                "--rows-json", path]
-        if args.dir:
-            argv += ["--dir", args.dir]
-        subprocess.run(argv, check=True)
-        with open(path) as f:
-            per_launch.append(json.load(f))
-        os.unlink(path)
-    merged = []
-    for kind_rows in zip(*per_launch):
-        row = dict(kind_rows[0])
-        for key, value in row.items():
-            if isinstance(value, float):
-                values = [r[key] for r in kind_rows]
-                row[key] = statistics.median(values)
-                row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
-        merged.append(row)
-    return merged, per_launch
-
-
-COLUMNS = ["backup", "state_MB", "step_s", "save_s", "blocked_s", "write_s",
+COLUMNS = ["method", "state_MB", "step_s", "save_s", "blocked_s", "write_s",
            "per_step@10", "per_step@100", "per_step@1000"]
 
 
 def main(args):
-    if args.launches == 1:
-        rows = run(args)
-        if args.rows_json:
-            import json
-            with open(args.rows_json, "w") as f:
-                json.dump(rows, f)
-        print_table(f"BackupAndRestore cost, ResNet-50 state, batch {args.batch} x "
-                    f"{args.image_size}px, save every {args.save_freq} of {args.steps} steps, "
-                    f"{args.reps} repetitions", COLUMNS, rows)
-        return rows
-    rows, launches = launch_and_merge(args)
-    title = (f"BackupAndRestore cost, ResNet-50 state, batch {args.batch} x {args.image_size}px, "
-             f"{args.launches} launches x {args.reps} repetitions (median; range of the "
-             "launches in the next table)")
-    print_table(title, COLUMNS, rows)
-    ranges = [{"backup": r["backup"], **{c: f"{r[c + '_min']:.4g}-{r[c + '_max']:.4g}"
-                                         for c in COLUMNS[2:]}} for r in rows]
-    print_table("range over launches", ["backup"] + COLUMNS[2:], ranges)
+    rows = run(args)
+    print_table(f"BackupAndRestore cost, ResNet-50 state, batch {args.batch} x "
+                f"{args.image_size}px, save every {args.save_freq} of {args.steps} steps, "
+                f"{args.reps} repetitions", COLUMNS, rows)
     if args.json:
         from keras_ddl_tools.results import write_json
-        write_json(args.json, {"backup_cost": rows, "launches": launches,
-                               "config": {k: getattr(args, k) for k in
-                                          ("batch", "image_size", "steps", "save_freq", "reps",
-                                           "threads", "launches")}})
+        write_json(args.json, {"backup_cost": rows, "config": {
+            k: getattr(args, k) for k in ("batch", "image_size", "steps", "save_freq", "reps",
+                                          "threads")}})
     return rows
