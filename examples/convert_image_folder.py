@@ -7,7 +7,7 @@
     python examples/convert_image_folder.py --input-dir input_dir --output-dir out \
         --split train --num-shards 128
 
-writes ``out/train-00000-of-00128`` ... (``tf.train.Example`` with
+It writes ``out/train-00000-of-00128`` ... (``tf.train.Example`` with
 ``image/encoded`` JPEG bytes, ``image/class/label`` int64, plus
 ``image/class/text``, ``image/filename``, ``image/height``, ``image/width``)
 and ``out/labels.txt`` (one ``index<TAB>class name`` per line). Labels are

@@ -59,7 +59,7 @@ Usage (45 points; see docs/large_batch/results.md for the measured wall time):
 (without --out, a new directory large_batch_study-YYYYMMDD-HHMMSS is made in the
 current directory, so the committed results are never overwritten by accident)
 
-writes, after every point (so a stopped run keeps what it finished;
+It writes, after every point (so a stopped run keeps what it finished;
 `--resume` continues it), `runs.json` (every point with its per-epoch loss
 and accuracy), `results.md` (best-of-grid and per-point tables, LARS's
 per-epoch loss at the largest batches), `accuracy_vs_batch.png` and

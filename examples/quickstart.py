@@ -1,4 +1,4 @@
-"""keras_ddl in one minute: a small CNN on generated images, on N processes.
+"""A one-minute tour of keras_ddl: a small CNN on generated images, on N processes.
 
     ddlrun -np 2 python examples/quickstart.py
     # or: mpiexec -n 2 python examples/quickstart.py ; or just: python examples/quickstart.py

@@ -21,6 +21,7 @@ import re
 import sys
 
 from . import results as R
+from .rates import parse_rate
 
 DOCS = ("README.md", "docs/PERFORMANCE.md")
 BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
@@ -156,15 +157,23 @@ def view_racks_allreduce(result, sizes=None):
     dimension."""
     launch = result["launches"][0]
     rows = _rows(result, "rows", sizes)
+    fp16up = all("racks-fp16up_us" in r for r in rows)
     head = ["size", "bound (ms)", "MPICH (ms)", "keras_ddl auto (ms)", "two-level (ms)",
-            "auto: share of the bound", "auto over MPICH", "auto over two-level"]
+            "auto: share of the bound", "auto over MPICH", "auto over two-level",
+            "fp16 on the wire: over auto"]
+    if fp16up:
+        head += ["fp16 on the uplinks (ms)", "fp16 on the uplinks: over auto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
     for r in rows:
-        lines.append(f"| {r['key']} | {_ms(r['bound_us']['median'])} | "
-                     f"{_range(r['mpi_us'], _ms)} | {_range(r['auto_us'], _ms)} | "
-                     f"{_range(r['flat_us'], _ms)} | {_range(r['auto_of_bound'], pct)} | "
-                     f"{_range(r['auto/mpi'], _ratio)} | {_range(r['flat/auto'], _ratio)} |")
+        cells = [r["key"], _ms(r["bound_us"]["median"]), _range(r["mpi_us"], _ms),
+                 _range(r["auto_us"], _ms), _range(r["flat_us"], _ms),
+                 _range(r["auto_of_bound"], pct), _range(r["auto/mpi"], _ratio),
+                 _range(r["flat/auto"], _ratio), _range(r["fp16_speedup"], _ratio)]
+        if fp16up:
+            cells += [_range(r["racks-fp16up_us"], _ms),
+                      _range(r["auto/racks-fp16up"], _ratio)]
+        lines.append("| " + " | ".join(cells) + " |")
     racks, nodes = launch.get("racks", 1), launch.get("nodes", 0)
     lines += ["", f"{racks} racks x {nodes // max(racks, 1)} nodes x "
                   f"{launch.get('ranks_per_node', '?')} rank(s) per node, network namespaces "
@@ -172,26 +181,55 @@ def view_racks_allreduce(result, sizes=None):
                   f"{launch.get('uplink', '?')} each way; float32 sum. The bound is "
                   "max(2(K-1)/K x size / node link, 2(R-1)/R x size / uplink) for K nodes in "
                   "R racks; two-level is `DDL_ALLREDUCE=flat` (shared memory in a node, one "
-                  "flat step across all nodes).", "", _source(result)]
+                  "flat step across all nodes); fp16 on the wire is auto with "
+                  "`Compression.fp16` (every byte sent in float16)"
+              + ("; fp16 on the uplinks is the rack allreduce with "
+                 "`DDL_UPLINK_COMPRESSION=fp16` (only the across-rack stages in float16)"
+                 if fp16up else "")
+              + "; X over Y = Y's time / X's time in the same launch.", "", _source(result)]
     return lines
+
+
+def _label_bytes(label):
+    """'214 tensors, 97.6 MB' -> bytes; the benchmarks' MB, KB and GB are
+    binary (2^20, 2^10, 2^30 bytes), as their size keys are ('64MB')."""
+    m = re.search(r"([\d.]+) ?(KB|MB|GB)\b", label)
+    return float(m.group(1)) * {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}[m.group(2)]
+
+
+def rack_bound_s(nbytes, nodes, racks, rate, uplink):
+    """The slowest dimension's bound, max(2(K-1)/K x S/node link,
+    2(R-1)/R x S/uplink), in seconds (the benchmark's bound_us formula)."""
+    node = 2 * (nodes - 1) / nodes * nbytes * 8 / parse_rate(rate)
+    across = 2 * (racks - 1) / racks * nbytes * 8 / parse_rate(uplink) if racks > 1 else 0
+    return max(node, across)
 
 
 def view_cluster_gradients(result):
     """bench allreduce --cluster ... --with-resnet: the gradient list across
-    the cluster, against mpi4py in the same launch."""
+    the cluster, against mpi4py in the same launch, and each method's time
+    against the links' bound for the list's bytes."""
     launch = result["launches"][0]
     rows = _rows(result, "gradients")
-    head = ["method", "time (ms)", "speed-up over MPI per tensor"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append(f"| {r['key']} | {_range(r['time_us'], _ms)} | "
-                     f"{_range(r['vs_mpi'], _ratio)} |")
     racks, nodes = launch.get("racks", 1), launch.get("nodes", 0)
-    lines += ["", f"The Keras 3 ResNet-50 gradient list ({rows[0].get('tensors', '?')}), float32 "
-                  f"sum, on {racks} racks x {nodes // max(racks, 1)} nodes x "
-                  f"{launch.get('ranks_per_node', '?')} rank(s): node links "
-                  f"{launch.get('rate', '?')}, uplinks {launch.get('uplink', '?')}; "
-                  "DDL_ALLREDUCE=auto.", "", _source(result)]
+    label = rows[0].get("tensors", "?")
+    nbytes = _label_bytes(label)
+    bound = rack_bound_s(nbytes, nodes, racks, launch["rate"], launch.get("uplink") or
+                         launch["rate"])
+    head = ["method", "time (ms)", "speed-up over MPI per tensor", "share of the bound"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    share = lambda t: f"{bound * 1e6 / t:.2f}"  # noqa: E731
+    for r in rows:
+        t = r["time_us"]
+        lines.append(f"| {r['key']} | {_range(t, _ms)} | {_range(r['vs_mpi'], _ratio)} | "
+                     f"{share(t['median'])} ({share(t['max'])}-{share(t['min'])}) |")
+    lines += ["", f"The Keras 3 ResNet-50 gradient list ({label}; MB = 2^20 bytes, so "
+                  f"{nbytes / 1e6:.1f} x 10^6 bytes), float32 sum, on {racks} racks x "
+                  f"{nodes // max(racks, 1)} nodes x {launch.get('ranks_per_node', '?')} "
+                  f"rank(s): node links {launch.get('rate', '?')}, uplinks "
+                  f"{launch.get('uplink', '?')}; DDL_ALLREDUCE=auto. The bound for the list's "
+                  f"bytes over these links is {bound:.2f} s; share of the bound = bound / "
+                  "time.", "", _source(result)]
     return lines
 
 
@@ -210,8 +248,11 @@ def view_fit_scaling(result):
                      f"{_range(r[f'{n}rank_ms'], f1)} | {_range(r['efficiency'], f3)} | "
                      f"{_range(r['machine'], f3)} | {_range(r['communication'], f3)} |")
     lines += ["", "Weak scaling, each rank pinned to its own core with one TensorFlow thread; "
-                  "efficiency = 1-rank step / N-rank step = machine x communication, where "
-                  "machine compares N independent processes without collectives to one.",
+                  "efficiency = 1-rank step / N-rank step; machine = 1-rank step / step of N "
+                  "independent processes without collectives (the control run); communication "
+                  "= control step / N-rank step. In each launch efficiency = machine x "
+                  "communication; the columns are medians taken separately, so their product "
+                  "need not be the median efficiency.",
               "", _source(result)]
     return lines
 
@@ -230,8 +271,30 @@ def view_fit_cluster(result):
     return lines
 
 
-# name -> (results file, function, keyword arguments). A new results file
-# gets a view here, then a block in README.md or docs/PERFORMANCE.md.
+def view_fit_layout(result):
+    """bench fit --overlap both under mpiexec: one allreduce per gradient,
+    overlapping backprop, against one grouped allreduce after it, the two
+    models interleaved in the same processes."""
+    head = ["model", "ranks", "overlap step (ms)", "grouped step (ms)", "overlap / grouped",
+            "same weights"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    f1 = lambda v: f"{v:.1f}"  # noqa: E731
+    f3 = lambda v: f"{v:.3f}"  # noqa: E731
+    for r in _rows(result, "layout"):
+        ranks = r["ranks"]["median"] if isinstance(r["ranks"], dict) else r["ranks"]
+        same = r["same_bits"] if isinstance(r["same_bits"], str) else "/".join(
+            r["same_bits"]["values"])
+        lines.append(f"| {r['key']} | {ranks:g} | {_range(r['overlap_ms'], f1)} | "
+                     f"{_range(r['grouped_ms'], f1)} | {_range(r['ratio'], f3)} | "
+                     f"{'bitwise' if same == 'yes' else same} |")
+    lines += ["", "`model.fit` under DDLStrategy, each rank pinned to its own core; step time "
+                  "with `overlap_gradients=True` (an allreduce per gradient, started as "
+                  "backprop makes it) over `overlap_gradients=False` (one grouped allreduce "
+                  "after backprop): below 1, overlapping pays. Same weights: both layouts "
+                  "ended every launch with bitwise-identical weights.", "", _source(result)]
+    return lines
+
+
 def view_backup_cost(result):
     """bench backup: what BackupAndRestore(save_freq=N) costs a ResNet-50 step."""
     head = ["written", "state (MB)", "step (s)", "one backup (s)", "training blocked (s)",
@@ -254,6 +317,8 @@ def view_backup_cost(result):
     return lines
 
 
+# name -> (results file, function, keyword arguments). A new results file
+# gets a view here, then a block in README.md or docs/PERFORMANCE.md.
 VIEWS = {
     "allreduce_1host.headline": ("allreduce_1host", view_allreduce,
                                  {"sizes": ["4KB", "1MB", "16MB", "64MB"]}),
@@ -261,6 +326,8 @@ VIEWS = {
     "allreduce_1host.sizes": ("allreduce_1host", view_allreduce, {"busbw": True}),
     "allreduce_1host.gradients": ("allreduce_1host", view_gradients, {}),
     "fit_1proc.overhead": ("fit_1proc", view_fit_overhead, {}),
+    "fit_overlap_2_resnet50.layout": ("fit_overlap_2_resnet50", view_fit_layout, {}),
+    "fit_overlap_2_cnn.layout": ("fit_overlap_2_cnn", view_fit_layout, {}),
     "backup_resnet50.cost": ("backup_resnet50", view_backup_cost, {}),
     # Views ready for results files not made yet (see docs/results/README.md):
     "cluster_2x1_1gbit.allreduce": ("cluster_2x1_1gbit", view_cluster_allreduce, {}),

@@ -1,6 +1,7 @@
 """DDL_AUTOTUNE=1 under mpiexec (tests/mpi/autotune_job.py): the first
-launch measures on its own allreduces and prints one table (algorithms per
-size class, then fusion threshold and cycle time), every rank's results
+launch measures on its own allreduces and prints the algorithms per size
+class when they are chosen (with what the settings' phase takes), then the
+fusion thresholds and cycle times when those are; every rank's results
 are numpy's sum bit for bit through the switches, every rank ends with the
 table's chosen threshold and cycle time in force, and rank 0 saves the
 table to DDL_AUTOTUNE_FILE; a second launch of the same shape loads it
@@ -59,13 +60,35 @@ def chosen_setting(lines, proc, measured_from=None):
     return chosen[0]
 
 
+def tables(proc, count):
+    """The lines of each of the `count` tables in the launch's stderr."""
+    assert proc.stderr.count(HEADER) == count, proc.stderr[-4000:]
+    found = []
+    for piece in proc.stderr.split(HEADER)[1:]:
+        lines = (HEADER + piece).splitlines()
+        end = next((i for i, line in enumerate(lines[1:], 1) if not line.startswith("  ")),
+                   len(lines))
+        found.append(lines[:end])
+    return found
+
+
 def table(proc):
-    """The lines of the one table in the launch's stderr."""
-    assert proc.stderr.count(HEADER) == 1, proc.stderr[-4000:]
-    lines = proc.stderr[proc.stderr.index(HEADER):].splitlines()
-    end = next((i for i, line in enumerate(lines[1:], 1) if not line.startswith("  ")),
-               len(lines))
-    return lines[:end]
+    """A measuring launch's table: the algorithms' part, printed when they
+    were chosen and ending with what the settings' phase takes, then the
+    settings' part, printed at its end; as one list of lines (the
+    algorithms' heading first) to compare with a loaded table."""
+    algorithms, settings = tables(proc, 2)
+    assert algorithms[-1] == (f"  next: {len(SETTINGS)} fusion thresholds and cycle times, 2 "
+                              f"windows of 1 cycle each: the next {2 * len(SETTINGS)} cycles "
+                              "that run allreduces"), algorithms
+    assert "fusion threshold and cycle time" in settings[0], settings
+    assert "measured 2 windows of 1 cycle per setting" in settings[0], settings
+    return algorithms[:-1] + settings[1:]
+
+
+def loaded_table(proc):
+    """A loading launch's one table."""
+    return tables(proc, 1)[0]
 
 
 @pytest.mark.parametrize("ranks, mode, step, candidates", [
@@ -81,7 +104,6 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
     first = table(launched)
     assert f"the {step} step's allreduce (ranks={ranks} " in first[0], first
     assert "measured 2 batches per candidate" in first[0], first
-    assert "and 2 windows of 1 cycle per setting" in first[0], first
     # Both size classes the job used were measured, with every candidate,
     # and each has exactly one choice.
     for size_class in ("< 64 KiB", "64 KiB - 1 MiB"):
@@ -100,7 +122,7 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
 
     # The same shape again: loaded, not measured, not rewritten.
     again = launch(launcher, ranks, mode, table_file)
-    second = table(again)
+    second = loaded_table(again)
     assert f"loaded from {table_file}, not measured again" in second[0], second
     assert second[1:] == first[1:], (first, second)
     assert chosen_setting(second, again) == chosen

@@ -3,6 +3,8 @@ hand-computed values, properties of the predictions, the published points
 and the command line. Single process, no TensorFlow, a few seconds."""
 
 import json
+import os
+import re
 import sys
 
 import pytest
@@ -654,10 +656,9 @@ def test_anchors_parser_on_a_sample():
     assert a["shm_allreduce_ms"] == {8: (45.0, 157.0)}
 
 
-def test_h200_constants_match_the_anchors_file():
-    import os
-    if not os.path.exists(m.ANCHORS_PATH):
-        pytest.skip(f"{m.ANCHORS_PATH} is not on this machine")
+def test_h200_constants_match_the_measurements_file():
+    """H200_ANCHORS are the figures of docs/model_data/h200.md."""
+    assert m.ANCHORS_PATH.endswith(os.path.join("docs", "model_data", "h200.md"))
     with open(m.ANCHORS_PATH) as f:
         assert m.parse_anchors(f.read()) == m.H200_ANCHORS
 
@@ -697,44 +698,52 @@ def test_seed_predictions_hang_together():
         assert 0 < r["abs_4to1"] <= r["one_server"] <= 1
 
 
-def test_cli_seeds_and_docs_blocks(capsys, tmp_path):
+def test_cli_reference_clusters_and_docs_blocks(capsys, tmp_path):
     from keras_ddl_tools.scaling_model import add_arguments, main
     import argparse
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     doc = tmp_path / "d.md"
-    doc.write_text("text\n<!-- seeds:p100 -->\nold\n<!-- /seeds:p100 -->\nmore\n")
-    result = main(parser.parse_args(["--seeds", "p100", "--update-doc", str(doc)]))
+    doc.write_text("text\n<!-- model:p100 -->\nold\n<!-- /model:p100 -->\nmore\n"
+                   "<!-- model:refit -->\n<!-- /model:refit -->\n")
+    result = main(parser.parse_args(["--reference", "p100", "--update-doc", str(doc)]))
     out = capsys.readouterr().out
     assert "# refit on" in out and "| model | system | algorithm |" in out
     assert result["refit"]["link_efficiency"] > 0
     text = doc.read_text()
     assert "old" not in text and "| resnet50 | p100_gpu | flat ring |" in text
-    assert text.startswith("text\n<!-- seeds:p100 -->\n") and text.endswith(
-        "<!-- /seeds:p100 -->\nmore\n")
-    for argv in (["--seeds", "p100", "--uplink-ratio", "0"],
-                 ["--seeds", "h200", "--batch", "64"],
-                 ["--seeds", "p100", "--nodes-per-rack", "5"],
-                 ["--seeds", "p100", "--node-rate", "fast"]):
+    assert text.startswith("text\n<!-- model:p100 -->\n") and "<!-- /model:p100 -->\nmore\n" in text
+    assert f"**{result['refit']['link_efficiency']:.3f}**" in text
+    # --seeds is the option's first name, still accepted
+    assert parser.parse_args(["--seeds", "h200"]).seeds == "h200"
+    doc.write_text("<!-- model:nonesuch -->\n<!-- /model:nonesuch -->\n")
+    with pytest.raises(SystemExit, match="unknown model block 'nonesuch'"):
+        main(parser.parse_args(["--update-doc", str(doc)]))
+    for argv in (["--reference", "p100", "--uplink-ratio", "0"],
+                 ["--reference", "h200", "--batch", "64"],
+                 ["--reference", "p100", "--nodes-per-rack", "5"],
+                 ["--reference", "p100", "--node-rate", "fast"]):
         with pytest.raises(SystemExit):
             main(parser.parse_args(argv))
 
 
-def test_docs_seeds_tables_are_the_commands_output():
-    """docs/scaling_model.md's seeds tables are what
-    ``python -m keras_ddl_tools.scaling_model --seeds p100|h200 --update-doc
-    docs/scaling_model.md`` writes with the default settings and the refit
-    on the committed files."""
+@pytest.mark.parametrize("page", ["scaling_model.md", "scaling_model_clusters.md"])
+def test_docs_model_blocks_are_the_commands_output(page):
+    """Every model figure of docs/scaling_model.md and
+    docs/scaling_model_clusters.md is what ``python -m
+    keras_ddl_tools.scaling_model --update-doc PAGE`` writes with the default
+    settings and the refit on the committed files."""
     import os
     doc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                       "scaling_model.md")
+                       page)
     with open(doc) as f:
         text = f.read()
-    assert "<!-- seeds:p100 -->" in text and "<!-- seeds:h200 -->" in text
+    names = set(re.findall(r"^<!-- model:([\w-]+) -->$", text, re.M))
+    assert names and names <= set(m.BLOCKS), names
     obs, source = m.load_observations()
     fit = m.refit(obs, source)
     setups = {k: m.SeedSetup(seeds=k, link_efficiency=fit.link_efficiency,
                              call_overhead=fit.call_overhead) for k in m.SEED_SYSTEMS}
-    assert m.render_seeds_blocks(text, setups) == text, (
-        "docs/scaling_model.md: a seeds table differs from the model; run python -m "
-        "keras_ddl_tools.scaling_model --seeds p100 --update-doc docs/scaling_model.md")
+    assert m.render_blocks(text, setups, fit) == text, (
+        f"docs/{page}: a model block differs from the model; run python -m "
+        f"keras_ddl_tools.scaling_model --update-doc docs/{page}")

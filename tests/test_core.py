@@ -7,6 +7,8 @@ instead of an mpiexec launch each."""
 import os
 import shutil
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -20,15 +22,66 @@ ALGORITHMS = ["algorithms/allreduce.cc", "algorithms/pairwise.cc", "algorithms/r
               "common/reduce_kernels.cc", "common/types.cc"]
 
 
-def build_and_run(program, sources, tmp_path):
+FLAGS = ["-std=c++17", "-O2", "-pthread", f"-I{OPS}", f"-I{CORE_TESTS}"]
+
+
+def compiler():
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
         pytest.fail("no C++ compiler: the install step needs one too")
-    exe = tmp_path / "check"
-    subprocess.run([cxx, "-std=c++17", "-O2", "-pthread", f"-I{OPS}", f"-I{CORE_TESTS}",
-                    os.path.join(CORE_TESTS, program),
-                    *[os.path.join(OPS, s) for s in sources], "-o", str(exe), "-lrt"],
+    return cxx
+
+
+class CoreObjects:
+    """The core's sources compiled once per test session (many checks link
+    the same algorithms and engine files; compiling them once per check was
+    most of this file's time), two at a time as the machine has two cores."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.objects = {}
+        self.lock = threading.Lock()
+
+    def _compile(self, source):
+        obj = os.path.join(self.directory, source.replace("/", "_") + ".o")
+        subprocess.run([compiler(), *FLAGS, "-c", os.path.join(OPS, source), "-o", obj],
+                       check=True, capture_output=True, text=True)
+        return obj
+
+    def get(self, sources):
+        with self.lock:
+            todo = [s for s in dict.fromkeys(sources) if s not in self.objects]
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                for source, obj in zip(todo, pool.map(self._compile, todo)):
+                    self.objects[source] = obj
+            return [self.objects[s] for s in sources]
+
+
+@pytest.fixture(scope="session")
+def core_objects(tmp_path_factory):
+    return CoreObjects(str(tmp_path_factory.mktemp("core_objects")))
+
+
+_objects = None
+
+
+@pytest.fixture(autouse=True)
+def _share_core_objects(core_objects):
+    global _objects
+    _objects = core_objects
+
+
+def build(program, sources, tmp_path, name="check"):
+    """tests/core/`program` linked with the core's `sources`."""
+    exe = tmp_path / name
+    subprocess.run([compiler(), *FLAGS, os.path.join(CORE_TESTS, program),
+                    *_objects.get(list(sources)), "-o", str(exe), "-lrt"],
                    check=True, capture_output=True, text=True)
+    return exe
+
+
+def build_and_run(program, sources, tmp_path):
+    exe = build(program, sources, tmp_path)
     return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
 
 
@@ -114,13 +167,7 @@ def test_negotiation_cycle_operations_do_not_grow_with_ranks(tmp_path):
     words and nothing else (log2(ranks) rounds on MPI); an uncached one adds
     one gather (every rank's names reach rank 0) and one broadcast. The
     same program prints the cost table up to 256 ranks (docs/topology.md)."""
-    cxx = shutil.which(os.environ.get("CXX", "g++"))
-    exe = tmp_path / "cost"
-    subprocess.run([cxx, "-std=c++17", "-O2", "-pthread", f"-I{OPS}", f"-I{CORE_TESTS}",
-                    os.path.join(CORE_TESTS, "negotiation_cost.cc"),
-                    *[os.path.join(OPS, s) for s in
-                      [*NEGOTIATION, "common/types.cc"]],
-                    "-o", str(exe), "-lrt"], check=True, capture_output=True, text=True)
+    exe = build("negotiation_cost.cc", [*NEGOTIATION, "common/types.cc"], tmp_path, "cost")
     assert_no_failures(subprocess.run([str(exe), "--check"], capture_output=True, text=True,
                                       timeout=120))
 
@@ -135,9 +182,9 @@ def test_engine_thread_priority_as_proc_reports_it(tmp_path):
         proc.stdout
 
 
-# The files that open MPI (the MPI transport, and the runtime and C API
+# The files that open MPI (the MPI transport, the world factory, and the runtime and C API
 # that create it) are the only ones the harness leaves out.
-OPENS_MPI = {"mpi_transport.cc", "mpi_world.cc", "runtime.cc", "c_api.cc"}
+OPENS_MPI = {"mpi_transport.cc", "mpi_world.cc", "world.cc", "runtime.cc", "c_api.cc"}
 
 
 def engine_sources():
@@ -178,8 +225,10 @@ def test_process_set_setup_agreement_on_threads_as_ranks(tmp_path):
 
 def test_autotune_on_threads_as_ranks(tmp_path):
     """DDL_AUTOTUNE with injected times: the slowest rank's median decides,
-    rank 0's choice reaches every rank at the same batch, the table is
-    printed once and saved, reused for the same job shape and refused for
+    rank 0's choice reaches every rank at the same batch, the algorithms'
+    table is printed when they are chosen and the settings' when those are
+    (a job cut short says how far it got), the table is saved, reused for
+    the same job shape and refused for
     another; whole engines (flat, and 2 nodes x 2 local ranks) give every
     rank the same bits, the rank-order sum, through the switch."""
     assert_no_failures(build_and_run("autotune_check.cc", engine_sources(), tmp_path))

@@ -1,4 +1,5 @@
-"""LARS against a numpy reference of the DESIGN.md rule, and in real use."""
+"""LARS against a numpy reference of its update rule (the docstring of
+keras_ddl/keras/optimizers/lars.py), and in real use."""
 
 import copy
 
@@ -13,7 +14,8 @@ from keras_ddl.optimizers import LARS
 
 
 def reference_step(w, g, v, lr, momentum, wd, eeta, epsilon, nesterov, adapt):
-    """One LARS step (DESIGN.md), in float64. Returns (new w, new v)."""
+    """One LARS step (the rule in keras_ddl/keras/optimizers/lars.py), in
+    float64. Returns (new w, new v)."""
     w, g, v = (np.asarray(a, np.float64) for a in (w, g, v))
     w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
     denominator = g_norm + wd * w_norm + epsilon

@@ -48,6 +48,9 @@ struct Config {
   int autotune_steps = 5;
   int autotune_cycles = 5;
   std::string autotune_file;
+  // DDL_PRINT_TOPOLOGY=1 (ddlrun --verbose): rank 0 prints the agreed
+  // topology and allreduce once at init.
+  int print_topology = 0;
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);

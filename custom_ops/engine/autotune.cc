@@ -241,15 +241,27 @@ void Autotuner::Finish() {
   }
   ShareTable("decision");
   decided_ = true;
-  // With settings to tune, the one table comes once they are decided too.
+  const std::string how =
+      "measured " + std::to_string(steps_) + " batches per candidate and size class";
   if (settings_.empty()) {
-    Report("measured " + std::to_string(steps_) + " batches per candidate and size class");
+    Report(Describe(how));
+    return;
+  }
+  // The algorithms are shown as soon as they are chosen: the settings'
+  // phase that follows takes steps x settings x cycles more cycles, which
+  // a short job may not reach (the destructor then says so).
+  if (plane_.rank() == 0) {
+    const long total = static_cast<long>(steps_) * static_cast<long>(settings_.size()) * cycles_;
+    print_(DescribeAlgorithms(how) + "  next: " + std::to_string(settings_.size()) +
+           " fusion thresholds and cycle times, " + std::to_string(steps_) + " windows of " +
+           std::to_string(cycles_) + (cycles_ == 1 ? " cycle" : " cycles") +
+           " each: the next " + std::to_string(total) + " cycles that run allreduces\n");
   }
 }
 
-void Autotuner::Report(const std::string& how) {
+void Autotuner::Report(const std::string& text) {
   if (plane_.rank() != 0) return;
-  print_(Describe(how));
+  print_(text);
   Save();
 }
 
@@ -275,16 +287,30 @@ AutotuneTable Autotuner::Decide(const std::vector<Samples>& per_rank, int candid
   return t;
 }
 
+namespace {
+
+std::string Pad(std::string s, size_t width) {
+  s.resize(std::max(width, s.size()), ' ');
+  return s;
+}
+
+// A table row without its trailing blanks, and a newline.
+std::string Row(const std::string& row) { return row.substr(0, row.find_last_not_of(' ') + 1) + "\n"; }
+
+}  // namespace
+
 std::string Autotuner::Describe(const std::string& how) const {
+  if (settings_.empty()) return DescribeAlgorithms(how);
+  return DescribeAlgorithms(how) + SettingsRows();
+}
+
+std::string Autotuner::DescribeAlgorithms(const std::string& how) const {
   std::ostringstream out;
   out << "keras_ddl autotune: the " << step_ << " step's allreduce (" << shape_ << "), " << how
       << "; time = median over batches of the slowest rank's time\n";
   size_t width = 9;
   for (const AutotuneCandidate& k : candidates_) width = std::max(width, k.name.size());
-  auto pad = [](std::string s, size_t w) {
-    s.resize(std::max(w, s.size()), ' ');
-    return s;
-  };
+  auto pad = Pad;
   out << "  " << pad("size class", 16) << pad("candidate", width + 2) << "slowest-rank median"
       << "  chosen\n";
   for (int c = 0; c < kClasses; ++c) {
@@ -306,23 +332,29 @@ std::string Autotuner::Describe(const std::string& how) const {
       out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";
     }
   }
-  if (settings_.empty()) return out.str();
+  return out.str();
+}
+
+std::string Autotuner::DescribeSettings(const std::string& how) const {
+  return "keras_ddl autotune: the " + step_ + " step's fusion threshold and cycle time (" +
+         shape_ + "), " + how + "\n" + SettingsRows();
+}
+
+std::string Autotuner::SettingsRows() const {
   // The score's definition is in the heading: wall time, so a window's
   // compute counts (see BeginCycle).
-  out << "  " << pad("fusion threshold", 18) << pad("cycle time", 12)
-      << pad("slowest-rank median", 32) << "  chosen"
-      << "   (MiB allreduced per second of wall time, per window of cycles)\n";
+  std::string out = "  " + Pad("fusion threshold", 18) + Pad("cycle time", 12) +
+                    Pad("slowest-rank median", 32) + "  chosen" +
+                    "   (MiB allreduced per second of wall time, per window of cycles)\n";
   for (size_t k = 0; k < settings_.size(); ++k) {
     const double score = k < table_.setting_score.size() ? table_.setting_score[k] : std::nan("");
-    std::string row =
-        "  " + pad(Format("%g MB", settings_[k].fusion_threshold_mb), 18) +
-        pad(Format("%g ms", settings_[k].cycle_time_ms), 12) +
-        pad(std::isnan(score) ? "-" : Format("%12.3f MiB/s", score / (1 << 20)), 20) +
-        pad(k == 0 ? "(configured)" : "", 12) +
-        (table_.setting_chosen == static_cast<int>(k) ? "  *" : "");
-    out << row.substr(0, row.find_last_not_of(' ') + 1) << "\n";
+    out += Row("  " + Pad(Format("%g MB", settings_[k].fusion_threshold_mb), 18) +
+               Pad(Format("%g ms", settings_[k].cycle_time_ms), 12) +
+               Pad(std::isnan(score) ? "-" : Format("%12.3f MiB/s", score / (1 << 20)), 20) +
+               Pad(k == 0 ? "(configured)" : "", 12) +
+               (table_.setting_chosen == static_cast<int>(k) ? "  *" : ""));
   }
-  return out.str();
+  return out;
 }
 
 std::string Autotuner::Serialize() const {

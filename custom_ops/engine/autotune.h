@@ -159,8 +159,14 @@ class Autotuner {
   static std::string SettingName(const AutotuneSetting& s);
   static bool ParseSettings(const std::string& line, std::vector<AutotuneSetting>* out);
 
-  // The table as printed (headed "keras_ddl autotune:").
+  // The table as printed (headed "keras_ddl autotune:"): the algorithms
+  // per size class, then, with settings to tune, the settings' rows.
+  // While measuring, rank 0 prints the algorithms' part when they are
+  // chosen (DescribeAlgorithms) and the settings' part when those are
+  // (DescribeSettings); a loaded table is printed whole.
   std::string Describe(const std::string& how) const;
+  std::string DescribeAlgorithms(const std::string& how) const;
+  std::string DescribeSettings(const std::string& how) const;
   // The saved form and back; Parse fails (with the reason) on another
   // candidate list, a malformed text or, with `check_shape`, another
   // shape. What rank 0 broadcasts is parsed without the shape check: a
@@ -174,7 +180,8 @@ class Autotuner {
   void Start();
   void Finish();
   void FinishSettings();
-  void Report(const std::string& how);  // rank 0: prints the table, saves it
+  void Report(const std::string& text);  // rank 0: prints the text, saves the table
+  std::string SettingsRows() const;      // the settings' part of the table
   // Every rank's lists of values to rank 0: there, [rank][list][value]
   // (elsewhere empty). The lists are the same in number on every rank.
   std::vector<std::vector<std::vector<double>>> GatherLists(

@@ -103,9 +103,10 @@ void Autotuner::FinishSettings() {
   if (plane_.rank() == 0) DecideSettings(seconds, window_total_bytes_, &table_);
   ShareTable("settings decision");
   settings_decided_ = true;
-  Report("measured " + std::to_string(steps_) + " batches per candidate and size class, and " +
-         std::to_string(steps_) + " windows of " + std::to_string(cycles_) +
-         (cycles_ == 1 ? " cycle" : " cycles") + " per setting");
+  // The algorithms' table was printed when they were chosen (Finish).
+  Report(DescribeSettings("measured " + std::to_string(steps_) + " windows of " +
+                          std::to_string(cycles_) + (cycles_ == 1 ? " cycle" : " cycles") +
+                          " per setting, after the algorithms"));
 }
 
 void Autotuner::DecideSettings(const std::vector<std::vector<std::vector<double>>>& seconds,
@@ -137,11 +138,15 @@ void Autotuner::DecideSettings(const std::vector<std::vector<std::vector<double>
 Autotuner::~Autotuner() {
   // Say so rather than leave the reader of stderr waiting for a table.
   if (started_ && plane_.rank() == 0 && !(decided_ && settings_decided())) {
+    const long needed = static_cast<long>(steps_) * static_cast<long>(settings_.size()) * cycles_;
     print_("keras_ddl autotune: the job ended before tuning finished (" +
-           std::string(decided_ ? "the algorithms were chosen, " + std::to_string(settings_cycle_) +
-                                      " cycles into the fusion threshold and cycle time"
+           std::string(decided_ ? "the algorithms were chosen, as printed above; " +
+                                      std::to_string(settings_cycle_) + " of the " +
+                                      std::to_string(needed) +
+                                      " cycles of the fusion threshold and cycle time had run"
                                 : "while measuring the algorithms") +
-           "); nothing saved\n");
+           "); nothing saved. A longer job, or fewer DDL_AUTOTUNE_STEPS or "
+           "DDL_AUTOTUNE_CYCLES, lets it finish\n");
   }
 }
 

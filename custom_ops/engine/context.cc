@@ -278,8 +278,7 @@ Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* o
   s = ctx->Build(std::move(world));
   if (!s.ok()) return s;
   // ddlrun --verbose: what the ranks agreed on, once, from rank 0.
-  const char* print = std::getenv("DDL_PRINT_TOPOLOGY");
-  if (ctx->rank == 0 && print != nullptr && std::string(print) == "1") {
+  if (ctx->rank == 0 && ctx->config.print_topology == 1) {
     const char* algorithm = ctx->racks               ? "racks"
                             : !ctx->node_memory      ? "flat"
                             : ctx->hierarchical      ? "hierarchical"

@@ -1,7 +1,7 @@
 """Builds keras_ddl against several TensorFlow versions, each in a fresh venv,
 and runs the multi-process smoke tests on 2 ranks in each.
 
-    python docs/scripts/version_matrix.py                       # 2.16 2.18 2.20 2.21
+    python docs/scripts/version_matrix.py                       # 2.16 to 2.21
     python docs/scripts/version_matrix.py --versions 2.16,2.21 --work /tmp/vm
     python docs/scripts/version_matrix.py --write docs/versions.md
 
@@ -36,7 +36,7 @@ import sys
 import xml.etree.ElementTree as ElementTree
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_VERSIONS = "2.16,2.18,2.20,2.21"
+DEFAULT_VERSIONS = "2.16,2.17,2.18,2.19,2.20,2.21"
 # The smoke tests: 2-rank cases of these files, and the optimizer's own tests.
 MPI_TEST_FILES = ("tests/test_collectives_mpi.py", "tests/test_keras_mpi.py",
                   "tests/test_strategy_mpi.py")
@@ -74,16 +74,22 @@ def smoke_test_ids(python, source, env):
 
 
 def junit_counts(path):
-    """(passed, failed, errors, skipped) from a pytest junit XML file."""
+    """(passed, failed, errors, skipped, names of the tests that did not
+    pass) from a pytest junit XML file."""
     root = ElementTree.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root)
     total = failed = errors = skipped = 0
+    names = []
     for suite in suites:
         total += int(suite.get("tests", 0))
         failed += int(suite.get("failures", 0))
         errors += int(suite.get("errors", 0))
         skipped += int(suite.get("skipped", 0))
-    return total - failed - errors - skipped, failed, errors, skipped
+        for case in suite.iter("testcase"):
+            if any(child.tag in ("failure", "error", "skipped") for child in case):
+                names.append(f"{case.get('classname', '').rsplit('.', 1)[-1]}::"
+                             f"{case.get('name', '')}")
+    return total - failed - errors - skipped, failed, errors, skipped, names
 
 
 def one_version(version, work, source_dir, timeout):
@@ -102,7 +108,7 @@ def one_version(version, work, source_dir, timeout):
         return result
     if run([python, "-m", "pip", "install", "-q", f"tensorflow=={version}.*", *PACKAGES],
            log, timeout=timeout) != 0:
-        result["note"] = f"pip install failed (see {log})"
+        result["note"] = f"pip install failed (its log: tf{version}/log.txt under --work)"
         return result
     result["tensorflow"] = installed_version(python, "tensorflow")
     result["keras"] = installed_version(python, "keras")
@@ -120,7 +126,7 @@ def one_version(version, work, source_dir, timeout):
     if run([python, "setup.py", "-q", "build_ext", "--inplace"], log, cwd=source, env=env,
            timeout=timeout) != 0:
         result["build"] = "failed"
-        result["note"] = f"build failed (see {log})"
+        result["note"] = f"build failed (its log: tf{version}/log.txt under --work)"
         return result
     result["build"] = "ok"
     ids = smoke_test_ids(python, source, env)
@@ -128,14 +134,15 @@ def one_version(version, work, source_dir, timeout):
     code = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                 *ids], log, cwd=source, env=env, timeout=timeout)
     if not os.path.exists(junit):
-        result["note"] = f"pytest did not report (exit {code}, see {log})"
+        result["note"] = f"pytest did not report (exit {code}; its log: tf{version}/log.txt under --work)"
         return result
-    passed, failed, errors, skipped = junit_counts(junit)
+    passed, failed, errors, skipped, names = junit_counts(junit)
     run_count = passed + failed + errors + skipped
     result["tests"] = f"{passed} / {run_count}"
     if failed or errors or skipped:
-        result["note"] = (f"{failed} failed, {errors} errors, {skipped} skipped "
-                          f"(see {log})")
+        # The tests by name: the table is published, the log stays local.
+        result["note"] = (f"{failed} failed, {errors} errors, {skipped} skipped: "
+                          + ", ".join(f"`{n}`" for n in names))
     return result
 
 
@@ -192,6 +199,7 @@ def main(argv=None):
         print(f"TensorFlow {version}: installing, building, testing ...", flush=True)
         results.append(one_version(version, args.work, args.source, args.timeout))
         print(table(results[-1:], date).splitlines()[-1], flush=True)
+        print(f"  log: {results[-1]['log']}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"date": date, "results": results}, f, indent=1)

@@ -148,6 +148,7 @@ def _at_exit():
 
 
 def is_initialized():
+    """Whether `init()` has run in this process and `shutdown()` has not."""
     return _core is not None and bool(_core.ddl_is_initialized())
 
 

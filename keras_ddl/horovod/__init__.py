@@ -11,5 +11,5 @@ ignored; the ones keras_ddl cannot honour (Adasum, explicit gradient
 groups, a process set for the optimizer or tape, TF1 sessions) raise
 NotImplementedError naming the argument. Process sets are keras_ddl's: the
 collectives take `process_set=`, and `root_rank` is a world rank in it.
-README.md, "Coming from Horovod", lists what differs on purpose.
+docs/horovod.md lists what differs on purpose.
 """

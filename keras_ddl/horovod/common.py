@@ -1,7 +1,7 @@
 """What the Horovod front doors share: start-up, process sets, build flags
 and the checks of Horovod-only arguments.
 
-Process sets are keras_ddl's (``keras_ddl.process_sets``): as in Horovod,
+Process sets are keras_ddl's (``keras_ddl.common.process_sets``): as in Horovod,
 ``root_rank`` is a world rank (``hvd.rank()``), which must be in the set,
 and ``ProcessSet.rank()`` is the index in the set.
 """

@@ -110,11 +110,28 @@ def decode_center_crop(image_bytes, image_size, crop_padding=32):
 
 
 def normalize(image, dtype=tf.float32):
+    """Subtracts ImageNet's per-channel mean and divides by its standard
+    deviation (MEAN_RGB, STDDEV_RGB, on the 0-255 scale), then casts.
+
+    Args:
+        image: An RGB image tensor with values in 0-255, channels last.
+        dtype: The dtype of the result.
+    """
     image = (image - tf.constant(MEAN_RGB, image.dtype)) / tf.constant(STDDEV_RGB, image.dtype)
     return tf.cast(image, dtype)
 
 
 def preprocess(image_bytes, image_size, training, dtype=tf.float32, seed=None):
+    """Decodes a JPEG into a normalized `image_size` square: in training a
+    random crop and a random left-right flip, else the center crop.
+
+    Args:
+        image_bytes: The encoded image, a scalar string tensor.
+        image_size: The side of the square output, in pixels.
+        training: Whether to augment (random crop and flip).
+        dtype: The dtype of the result.
+        seed: The seed of the random crop and flip, or None.
+    """
     if training:
         image = decode_random_crop(image_bytes, image_size, seed=seed)
         image = tf.image.random_flip_left_right(image, seed=seed)

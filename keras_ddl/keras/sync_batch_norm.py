@@ -54,13 +54,19 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     inputs), clipped at 0, as Keras computes synchronized statistics.
 
     Args:
-        As `keras.layers.BatchNormalization` (`axis`, `momentum`, `epsilon`,
-        `center`, `scale`, initializers, regularizers, constraints, ...),
-        except `synchronized`, which must stay False (this layer
-        synchronizes through keras_ddl, not through a tf.distribute
-        strategy). Keras 2 arguments of Horovod's layer are accepted where
-        they change nothing (`fused`, `renorm=False`, ...) and refused by
-        name where they would (see `_drop_keras2_arguments`).
+        axis, momentum, epsilon, center, scale: As in
+            `keras.layers.BatchNormalization`.
+        beta_initializer, gamma_initializer: As in BatchNormalization.
+        moving_mean_initializer, moving_variance_initializer: As in
+            BatchNormalization.
+        beta_regularizer, gamma_regularizer: As in BatchNormalization.
+        beta_constraint, gamma_constraint: As in BatchNormalization.
+        **kwargs: The other arguments of `keras.layers.BatchNormalization`,
+            except `synchronized`, which must stay False (this layer
+            synchronizes through keras_ddl, not through a tf.distribute
+            strategy). Keras 2 arguments of Horovod's layer are accepted
+            where they change nothing (`fused`, `renorm=False`, ...) and
+            refused by name where they would.
     """
 
     def __init__(self, axis=-1, momentum=0.99, epsilon=1e-3, center=True, scale=True,

@@ -95,7 +95,9 @@ def build_parser():
                    help="fail every rank when a collective waits this long (DDL_STALL_TIMEOUT_S)")
     p.add_argument("--bind-to-core", action="store_true",
                    help="pin each rank to one core (and TF to one intra-op thread)")
-    p.add_argument("--launcher", choices=["mpiexec", "srun"], default="mpiexec")
+    p.add_argument("--launcher", choices=["mpiexec", "srun"], default="mpiexec",
+                   help="how the ranks are started: mpiexec (the default; over ssh with -H "
+                        "or --hostfile) or Slurm's srun inside an allocation")
     p.add_argument("--launcher-exec", metavar="PATH",
                    help="program to reach other hosts in place of ssh, called as "
                         "'PATH [options] HOST COMMAND...' (MPICH: -launcher ssh -launcher-exec; "

@@ -35,7 +35,7 @@ from .deathwatch import DeathWatch
 RESTART_VARIABLE = "DDLRUN_RESTART_COUNT"
 DIAGNOSIS_MARK = "[keras_ddl]"
 # After a rank failed, how long the launcher has to end the others itself.
-# A dead rank ends the job within 30 s (DESIGN.md): the ranks' own
+# A dead rank ends the job within 30 s (docs/failures.md): the ranks' own
 # diagnosis takes DDL_PEER_TIMEOUT_S plus a few seconds.
 END_GRACE_S = 30.0
 # After SIGTERM, how long the launcher has before SIGKILL.

@@ -69,8 +69,12 @@ def _broadcast_grad(op, grad):
     # Non-roots discard the sum but must still take part in it. The zeros are
     # computed from it (multiply_no_nan gives 0 even for inf/nan) so no graph
     # optimiser can prune the collective here while the root waits for it;
-    # a control dependency alone does not survive constant folding.
-    return [tf.math.multiply_no_nan(summed, tf.zeros_like(summed)), None]
+    # a control dependency alone does not survive constant folding. The zero
+    # sits behind a PlaceholderWithDefault: TensorFlow 2.16's constant
+    # folding rewrites a product by a known zero (zeros_like of a static
+    # shape) into a constant, which dropped the collective on non-roots.
+    zero = tf.raw_ops.PlaceholderWithDefault(input=tf.zeros([], summed.dtype), shape=[])
+    return [tf.math.multiply_no_nan(summed, zero), None]
 
 
 @tf.RegisterGradient("DdlAlltoall")

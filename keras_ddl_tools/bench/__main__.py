@@ -1,4 +1,5 @@
-"""``python -m keras_ddl.bench {allreduce,mwms,fit,backup,all,model}``; prints tables."""
+"""``python -m keras_ddl.bench {allreduce,mwms,fit,backup,all,model}``; prints tables
+(docs/PERFORMANCE.md says how they are read and kept as results files)."""
 
 import argparse
 import sys
@@ -32,9 +33,11 @@ def parse(argv):
                     help="with --cluster: bytes each link's token bucket holds (64k, 1mb; "
                          "default: 2 ms at the rate, at least 256k)")
     ar.add_argument("--algorithms", help="with --cluster: comma-separated subset of "
-                                         "auto,hierarchical,flat,racks (default: auto, "
-                                         "hierarchical, flat; with racks auto, racks and the "
-                                         "two-level path; the first also runs fp16)")
+                                         "auto,hierarchical,flat,racks,racks-fp16up (default: "
+                                         "auto, hierarchical, flat; with racks auto, racks and "
+                                         "the two-level path; the first also runs fp16; "
+                                         "racks-fp16up: racks with "
+                                         "DDL_UPLINK_COMPRESSION=fp16)")
     ar.add_argument("--with-resnet", action="store_true",
                     help="with --cluster: the first algorithm's launches also time the ResNet-50 "
                          "gradient list against mpi4py (a second table)")
@@ -74,6 +77,10 @@ def parse(argv):
     fit.add_argument("--independent", action="store_true",
                      help="each rank trains plain Keras alone (no collectives): the "
                           "control for --scaling")
+    fit.add_argument("--overlap", choices=["on", "off", "both"],
+                     help="the DDLStrategy model's overlap_gradients (default: the strategy's, "
+                          "on); under mpiexec, both: a second model with it off, interleaved, "
+                          "and a table comparing their step times")
     fit.add_argument("--ddl-only", action="store_true",
                      help="time only the DDLStrategy model (no plain-Keras model beside it)")
     fit.add_argument("--cluster", type=int, metavar="K",

@@ -1,6 +1,6 @@
 """Allreduce throughput of keras_ddl's TensorFlow op against mpi4py.
 
-Two tables (BENCHMARKS.md):
+Two tables, in the nccl-tests convention (docs/performance-notes/README.md):
 1. one float32 tensor per size, 4 KB ... 256 MB: ``ddl.allreduce`` (eager,
    through the op) interleaved with ``comm.Allreduce`` on numpy buffers of
    the same bytes, in the same processes;

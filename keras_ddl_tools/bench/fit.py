@@ -37,15 +37,19 @@ up to ~0.3 s) is not counted. ``*_ms`` columns are medians over repetitions,
 other jobs), ``*_cpu`` the process CPU time per step (all threads), which
 other jobs do not inflate but which leaves out waiting for other ranks.
 
-Gradient layout: ``DDL_BENCH_FIT_OVERLAP=on|off`` makes the DDLStrategy
-models use ``overlap_gradients=True|False`` (unset: the strategy's default,
-on). ``DDL_BENCH_FIT_OVERLAP=both`` with (3) trains a second DDLStrategy
-model with ``overlap_gradients=False`` in the same processes, interleaved
-with the first, and adds a table: ``overlap_ms / grouped_ms`` (below 1:
-overlapping the gradient allreduces with backprop pays) and whether both
-layouts ended with bitwise-identical weights::
+Gradient layout: ``--overlap on|off`` makes the DDLStrategy models use
+``overlap_gradients=True|False`` (default: the strategy's own, on).
+``--overlap both`` with (3) trains a second DDLStrategy model with
+``overlap_gradients=False`` in the same processes, interleaved with the
+first, and adds a table: ``overlap_ms / grouped_ms`` (below 1: overlapping
+the gradient allreduces with backprop pays) and whether both layouts ended
+with bitwise-identical weights::
 
-    DDL_BENCH_FIT_OVERLAP=both mpiexec -n 2 -bind-to core python -m keras_ddl.bench fit
+    mpiexec -n 2 -bind-to core python -m keras_ddl.bench fit --overlap both
+
+(The launchers of ``--cluster`` pass the choice to their ranks as
+``DDL_BENCH_FIT_OVERLAP``, which a rank reads when ``--overlap`` is not
+given.)
 """
 
 import hashlib
@@ -87,8 +91,10 @@ def _resnet50(keras, image_size):
 OVERLAP_ENV = "DDL_BENCH_FIT_OVERLAP"
 
 
-def _overlap_choice():
-    value = os.environ.get(OVERLAP_ENV, "")
+def _overlap_choice(args=None):
+    """--overlap, else DDL_BENCH_FIT_OVERLAP (set by the cluster launcher),
+    else None (the strategy's default)."""
+    value = getattr(args, "overlap", None) or os.environ.get(OVERLAP_ENV, "")
     if value not in ("", "on", "off", "both"):
         raise SystemExit(f"{OVERLAP_ENV} must be on, off or both, got {value!r}")
     return value or None
@@ -191,7 +197,7 @@ def _measure(args):
 
     ddl.init()
     size, rank = ddl.size(), ddl.rank()
-    overlap = _overlap_choice()
+    overlap = _overlap_choice(args)
     compression = _compression(ddl)
     strategy = ddl.DDLStrategy(compression=compression) if overlap is None else \
         ddl.DDLStrategy(overlap_gradients=overlap != "off", compression=compression)

@@ -4,7 +4,7 @@
 
 With Keras 3, MultiWorkerMirroredStrategy's ``model.fit`` fails, but its
 ``strategy.run`` + ``ReplicaContext.all_reduce`` works and is the comparison
-for raw collective speed (BENCHMARKS.md, "Peer"). Every rank builds its
+for raw collective speed (keras-team/keras#20585). Every rank builds its
 ``TF_CONFIG`` (one worker per rank on localhost, ports chosen by rank 0)
 and creates the strategy (ring collectives over gRPC) before any other
 TensorFlow op, then, per message size and for the ResNet-50 gradient list,

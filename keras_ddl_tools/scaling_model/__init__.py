@@ -33,10 +33,12 @@ Modules, each importing only those above it:
 * ``training``: one step's calls, their cost and the exposed time;
 * ``published``: the published points; ``cluster_overlap``: the overlap
   measured on the test cluster; ``calibration``: this machine's links;
-* ``anchors``: the measured H200 figures; ``cluster_refit``: link efficiency
-  and call overhead refitted on the test cluster; ``seeds``: the seeds'
-  scale (P100 and H200 clusters) and its tables;
-* ``tables``, ``plots``: output; ``cli``: the command line
+* ``anchors``: the measured H200 figures (docs/model_data/h200.md);
+  ``cluster_refit``: link efficiency and call overhead refitted on the test
+  cluster; ``seeds``: the two reference clusters (64 x 4 P100, 32 x 8 H200)
+  and their tables;
+* ``tables``, ``plots``, ``doc_blocks`` (the model's figures in
+  docs/scaling_model.md): output; ``cli``: the command line
   (``python -m keras_ddl_tools.scaling_model``, ``__main__``).
 
 Every name below is re-exported here, so ``scaling_model.X`` keeps working
@@ -71,9 +73,10 @@ from .racks import (  # noqa: F401
     SLICE_MAX_PIECE, SLICE_MIN_PIECE, SLICE_PIECES, Racks, lockstep_pieces,
     rack_allreduce, rack_pieces, slice_pieces, three_level)
 from .seeds import (  # noqa: F401
-    SEED_ALGORITHMS, SEED_MODELS, SEED_SYSTEMS, SEEDS_BLOCK, SeedSetup, _gbit,
-    _systems_algorithms, render_seeds_blocks, seed_efficiency, seed_system, seeds_markdown,
+    SEED_ALGORITHMS, SEED_MODELS, SEED_SYSTEMS, SeedSetup, _gbit,
+    _systems_algorithms, seed_efficiency, seed_system, seeds_markdown,
     seeds_rates, seeds_table, solve_rate)
+from .doc_blocks import BLOCKS, render_blocks  # noqa: F401
 from .systems import (  # noqa: F401
     FUSION_POLICIES, LOCAL_SHM_DEFAULT, OVERLAP_FRACTION, P100_RESNET50_STEP, RESNET50_MACS,
     SHM_TRAFFIC_PER_COPY, SYSTEMS, System, shm_link)

@@ -1,13 +1,21 @@
-"""The measured H200 anchors (one H200: step times, gradient sizes, staging
-copies, the CPU shared-memory allreduce probe), the parser of the anchors
-file, and the staging and shared-memory links derived from them."""
+"""The measured H200 figures (one H200: step times, gradient sizes, staging
+copies, a CPU shared-memory allreduce probe), the parser of the file that
+records them (docs/model_data/h200.md), and the staging and shared-memory
+links derived from them."""
+
+import os
 
 from .links import MS, US, Link
 
-ANCHORS_PATH = "/work/shared/anchors/gpu-h200.md"
+# The file in this checkout (keras_ddl_tools/scaling_model/anchors.py is two
+# folders below the repository root).
+ANCHORS_PATH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "docs", "model_data", "h200.md")
 
-# The figures of the anchors file (measured 2026-12-04 on one H200); a test
-# parses the file and checks these, so they cannot drift from it.
+# The figures of docs/model_data/h200.md (measured 2026-12-04 on one H200,
+# outside this project's machines); a test parses the file and checks
+# these, so they cannot drift from it.
 H200_ANCHORS = {
     # (model, batch per GPU) -> median step in ms
     "step_ms": {("resnet50", 256): 41.0, ("resnet50", 32): 15.1,
@@ -45,7 +53,7 @@ def _first_number(cell):
 
 
 def parse_anchors(text):
-    """The figures of the anchors file, in the shape of H200_ANCHORS."""
+    """The figures of docs/model_data/h200.md, in the shape of H200_ANCHORS."""
     out = {"step_ms": {}, "gradient_bytes": {}, "staging_ms": {}, "shm_allreduce_ms": {}}
     for cells in _md_rows(text, "| model | classes"):
         model = _MODEL_NAMES[cells[0]]
@@ -67,7 +75,7 @@ def _two_point_link(t_small, t_large, b_small, b_large):
 
 
 def h200_staging(kind, anchors=H200_ANCHORS):
-    """(device->host, host->device) Links from the anchors' 1 MB and 349 MB
+    """(device->host, host->device) Links from the measured 1 MB and 349 MB
     copies; ``kind`` is 'pageable' or 'pinned'."""
     col = {"pageable": 0, "pinned": 2}[kind]
     table = anchors["staging_ms"]
@@ -77,7 +85,7 @@ def h200_staging(kind, anchors=H200_ANCHORS):
 
 
 def h200_shm_link(ranks=8, anchors=H200_ANCHORS):
-    """The CPU shared-memory allreduce of the anchors' probe at ``ranks``
+    """The measured CPU shared-memory allreduce probe at ``ranks``
     ranks as the model's intra-node link: the bandwidth for which the
     ring's 2(L-1)/L x S per rank fits both measured sizes (least squares
     through the origin; 1 us latency assumed)."""

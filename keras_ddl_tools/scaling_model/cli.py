@@ -1,7 +1,7 @@
 """The command line of ``python -m keras_ddl.bench model`` and ``python -m
 keras_ddl_tools.scaling_model``: the prediction table, the overlap fit of a
-``bench fit --cluster 2`` result, and the refit and tables of the seeds'
-scale."""
+``bench fit --cluster 2`` result, the refit on the test cluster and the
+tables of the two reference clusters (64 servers x 4 P100, 32 x 8 H200)."""
 
 import json
 import os
@@ -15,8 +15,8 @@ from .cluster_refit import load_observations, refit, refit_rows
 from .links import GB, MS, US
 from .plots import plot, seeds_plot
 from .published import PUBLISHED, compare_published, overlap_needed
-from .seeds import (SEED_SYSTEMS, SeedSetup, render_seeds_blocks, seeds_markdown,
-                    seeds_rates, seeds_table)
+from .doc_blocks import render_blocks
+from .seeds import SEED_SYSTEMS, SeedSetup, seeds_markdown, seeds_rates, seeds_table
 from .systems import OVERLAP_FRACTION, SHM_TRAFFIC_PER_COPY, SYSTEMS
 from .tables import PUBLISHED_COLUMNS, TABLE_COLUMNS, format_table, parameter_rows
 from .training import ALGORITHMS, predict
@@ -47,12 +47,13 @@ def add_arguments(parser):
     parser.add_argument("--link-rate", default="1gbit",
                         help="with --fit-json: the link rate of that run (default 1gbit)")
     seeds = parser.add_argument_group(
-        "the seeds' scale (issue #27 item 6): 64 servers x 4 P100 or 32 servers x 8 H200, "
-        "flat / two-level / three-level, refitted on the test cluster")
-    seeds.add_argument("--seeds", choices=sorted(SEED_SYSTEMS),
-                       help="instead: print the refit and the seeds' tables (Markdown)")
-    seeds.add_argument("--seeds-plot", metavar="PATH",
-                       help="instead: plot efficiency against link rate for both seeds (PNG)")
+        "two reference clusters, PowerAI DDL's 64 servers x 4 P100 and 32 servers x 8 H200: "
+        "flat / two-level / three-level allreduce, refitted on the test cluster")
+    seeds.add_argument("--reference", "--seeds", dest="seeds", choices=sorted(SEED_SYSTEMS),
+                       help="instead: print the refit and that cluster's tables (Markdown)")
+    seeds.add_argument("--reference-plot", "--seeds-plot", dest="seeds_plot", metavar="PATH",
+                       help="instead: plot efficiency against link rate for both reference "
+                            "clusters (PNG)")
     seeds.add_argument("--refit", nargs="*", metavar="JSON",
                        help="print the fit of link efficiency and per-call overhead: to the "
                             "given files, or (no file) to docs/results/{cluster,racks}_*.json, "
@@ -66,7 +67,7 @@ def add_arguments(parser):
                             "(default 4, i.e. 4:1; the tables also show 1:1)")
     seeds.add_argument("--batch", type=int,
                        help="per-GPU batch (p100: 32, scaled linearly otherwise; h200: 32 or "
-                            "256, the anchors' rows; default 32 / 256)")
+                            "256, the measured H200 rows; default 32 / 256)")
     seeds.add_argument("--solve-rate", type=float, default=0.9, metavar="TARGET",
                        help="efficiency the rate tables solve for (default 0.9)")
     seeds.add_argument("--solve-against", choices=("server", "gpu"), default="server",
@@ -74,8 +75,8 @@ def add_arguments(parser):
     seeds.add_argument("--link-efficiency", type=float,
                        help="fraction of the link rates reached (default: the refit's)")
     seeds.add_argument("--update-doc", metavar="MARKDOWN",
-                       help="with --seeds: rewrite the <!-- seeds:p100 --> / <!-- seeds:h200 "
-                            "--> blocks of this file from the same settings")
+                       help="rewrite the <!-- model:NAME --> blocks of this file (the "
+                            "model's tables in docs/scaling_model.md) from the same settings")
     seeds.add_argument("--call-overhead", type=float, metavar="US",
                        help="per-call overhead of the CPU data plane in us (default: the "
                             "refit's); the GPU data plane keeps 50 us")
@@ -129,7 +130,7 @@ def seed_setups(args, fit):
                              f"{servers} servers of {k}")
         if k == "h200" and (args.batch or 256) not in (32, 256):
             if args.seeds == "h200" or args.seeds_plot:
-                raise SystemExit("--batch: the H200 anchors have 32 and 256 per GPU")
+                raise SystemExit("--batch: the H200 measurements have 32 and 256 per GPU")
     return setups
 
 
@@ -147,7 +148,7 @@ def seeds_main(args, out):
     result = {"refit": {"link_efficiency": fit.link_efficiency,
                         "call_overhead_s": fit.call_overhead, "spread": fit.spread,
                         "rms": fit.rms, "source": source, "rows": rows}}
-    if not (args.seeds or args.seeds_plot):
+    if not (args.seeds or args.seeds_plot or getattr(args, "update_doc", None)):
         return result
     setups = seed_setups(args, fit)
     if args.seeds:
@@ -164,10 +165,13 @@ def seeds_main(args, out):
     if getattr(args, "update_doc", None):
         with open(args.update_doc) as f:
             text = f.read()
-        new = render_seeds_blocks(text, setups, args.solve_rate, args.solve_against)
+        try:
+            new = render_blocks(text, setups, fit, args.solve_rate, args.solve_against)
+        except KeyError as e:
+            raise SystemExit(f"--update-doc {args.update_doc}: {e.args[0]}")
         with open(args.update_doc, "w") as f:
             f.write(new)
-        print(f"# {args.update_doc}: seeds blocks "
+        print(f"# {args.update_doc}: model blocks "
               f"{'rewritten' if new != text else 'already up to date'}", file=out)
     if args.seeds_plot:
         if seeds_plot(args.seeds_plot, [setups["p100"], setups["h200"]], args.solve_rate):
@@ -178,7 +182,7 @@ def seeds_main(args, out):
 def main(args, out=None):
     out = out or sys.stdout
     if (getattr(args, "seeds", None) or getattr(args, "seeds_plot", None)
-            or getattr(args, "refit", None) is not None):
+            or getattr(args, "update_doc", None) or getattr(args, "refit", None) is not None):
         return seeds_main(args, out)
     if getattr(args, "fit_json", None):
         try:
@@ -245,7 +249,7 @@ def main(args, out=None):
                 "reference": "a busy machine gives slow links"},
                {"quantity": "numpy copy of 64 MiB, one core (median of 7)",
                 "measured": f"{measured['copy_s'] / MS:.2f} ms = {measured['copy_GBps']:.2f} GB/s",
-                "reference": "BENCHMARKS.md: ~8 ms"}]
+                "reference": "the default link assumes 8.4 GB/s (64 MB in 8 ms)"}]
         if "mpi_latency_s" in measured:
             cal += [
                 {"quantity": "MPI ping-pong 8 B, half round trip",
@@ -255,7 +259,7 @@ def main(args, out=None):
                 {"quantity": f"mpi4py Allreduce 16 MiB, {measured['ranks']} ranks (median of 5)",
                  "measured": f"{measured['mpi_allreduce_s'] / MS:.2f} ms, busbw "
                              f"{measured['mpi_allreduce_busbw_GBps']:.2f} GB/s",
-                 "reference": "BENCHMARKS.md: 64 MB in ~50 ms (1.3 GB/s algbw)"},
+                 "reference": "reported, not used by the model"},
             ]
         else:
             cal.append({"quantity": "MPI latency", "measured": "not measured (one rank)",

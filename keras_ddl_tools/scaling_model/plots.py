@@ -1,5 +1,5 @@
 """Plots (matplotlib, imported lazily): efficiency against GPUs with the
-published points, and efficiency against link rate at the seeds' scale."""
+published points, and efficiency against link rate on the two reference clusters."""
 
 import dataclasses
 import warnings
@@ -104,8 +104,8 @@ def seeds_plot(path, setups, target=0.9):
                      f"{setup.seeds.upper()}, racks of {setup.rack_nodes()}: solid 1:1, "
                      f"dashed {setup.uplink_ratio:g}:1", fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
-    fig.suptitle("scaling model at the seeds' scale (python -m keras_ddl_tools.scaling_model "
-                 "--seeds-plot)", fontsize=10)
+    fig.suptitle("scaling model, two reference clusters (python -m "
+                 "keras_ddl_tools.scaling_model --reference-plot)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

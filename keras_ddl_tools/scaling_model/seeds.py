@@ -1,7 +1,8 @@
-"""The seeds' scale: PowerAI DDL's cluster (64 servers x 4 P100) and 32
-servers x 8 H200, flat / two-level / three-level, their tables and the link
-rates that reach a target efficiency, and the Markdown blocks of
-docs/scaling_model.md."""
+"""Two reference clusters, PowerAI DDL's (64 servers x 4 P100) and 32
+servers x 8 H200: flat / two-level / three-level, their tables and the link
+rates that reach a target efficiency, as Markdown for docs/scaling_model.md.
+(The module keeps its first name, "seeds": the two clusters the model was
+first asked to predict.)"""
 
 import dataclasses
 import math
@@ -16,7 +17,7 @@ from .workloads import workload
 
 @dataclass(frozen=True)
 class SeedSetup:
-    """The knobs of one seeds' prediction."""
+    """The knobs of one reference cluster's prediction."""
     seeds: str = "p100"            # p100: 64 servers x 4 P100; h200: 32 servers x 8 H200
     node_rate: float = None        # bits/s each way per server (default 100 Gb/s / 400 Gb/s)
     nodes_per_rack: int = None     # default 16 (P100) / 8 (H200)
@@ -89,7 +90,7 @@ def seed_system(name, setup, node_rate=None, uplink_rate=None):
     steps = tuple((m, H200_ANCHORS["step_ms"][(m, batch)] * MS) for m in SEED_MODELS["h200"]
                   if (m, batch) in H200_ANCHORS["step_ms"])
     if not steps:
-        raise ValueError(f"the H200 anchors have batch 32 and 256 per GPU, not {batch}")
+        raise ValueError(f"the H200 measurements have batch 32 and 256 per GPU, not {batch}")
     common.update(gpus_per_node=8, resnet50_step=dict(steps)["resnet50"], steps=steps)
     if name == "h200_gpu":
         return System(name=name, description="32 x 8 H200, GPU data plane: NVLink in the "
@@ -98,8 +99,8 @@ def seed_system(name, setup, node_rate=None, uplink_rate=None):
                       call_overhead=setup.gpu_call_overhead, **common)
     d2h, h2d = h200_staging(name.split("_")[1])
     return System(name=name, description=f"32 x 8 H200, keras_ddl's CPU data plane: "
-                  f"{name.split('_')[1]} staging (anchors), shared memory in the server "
-                  "(anchors' 8-rank probe)", intra=h200_shm_link(8), staging=d2h,
+                  f"{name.split('_')[1]} staging (measured), shared memory in the server "
+                  "(the measured 8-rank probe)", intra=h200_shm_link(8), staging=d2h,
                   staging_back=h2d, staging_in_node=True, call_overhead=cpu_overhead, **common)
 
 
@@ -208,7 +209,7 @@ def _gbit(rate):
 
 
 def seeds_markdown(setup, target=0.9, against="server"):
-    """The seeds' tables as Markdown (what docs/scaling_model.md shows)."""
+    """A reference cluster's tables as Markdown (what docs/scaling_model.md shows)."""
     ratio = f"{setup.uplink_ratio:g}:1"
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     size = f"{setup.servers} x {setup.gpus_per_server}"
@@ -239,17 +240,3 @@ def seeds_markdown(setup, target=0.9, against="server"):
                    f"{_gbit(r[f'server_{setup.uplink_ratio:g}to1'])} | {_gbit(r['uplink'])} | "
                    f"{ov} | {_gbit(r[f'server_{setup.uplink_ratio:g}to1_absolute'])} |")
     return "\n".join(out)
-
-
-SEEDS_BLOCK = r"(<!-- seeds:(?P<seeds>\w+) -->\n)(?P<body>.*?)(<!-- /seeds:(?P=seeds) -->)"
-
-
-def render_seeds_blocks(text, setups, target=0.9, against="server"):
-    """``text`` with every ``<!-- seeds:p100 -->`` ... ``<!-- /seeds:p100 -->``
-    block (p100 or h200) replaced by seeds_markdown of that setup."""
-    import re
-
-    def body(match):
-        return (match.group(1) + seeds_markdown(setups[match.group("seeds")], target, against)
-                + "\n" + match.group(4))
-    return re.sub(SEEDS_BLOCK, body, text, flags=re.S)

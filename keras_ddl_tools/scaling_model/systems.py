@@ -75,9 +75,10 @@ RESNET50_MACS = resnet(50).macs
 # DGX-1 (P100) figure is 238 img/s at batch 64 (see docs/scaling_model.md).
 P100_RESNET50_STEP = 32 / 230.0
 
-# This machine's shared-memory link by default, from BENCHMARKS.md: a numpy
-# copy of 64 MB takes ~8 ms here (one core); MPICH's shared-memory latency is
-# of the order of a microsecond. ``--calibrate`` measures both.
+# keras_ddl's shared-memory link by default: an assumed single-core copy of
+# 64 MB in 8 ms (8.4 GB/s, a quiet server core's order of magnitude) and a
+# latency of the order of a microsecond, as MPICH's shared memory has.
+# ``--calibrate`` measures both on the machine it runs on.
 LOCAL_SHM_DEFAULT = Link(alpha=1.0 * US, bandwidth=64 * 2**20 / (8 * MS))
 
 SYSTEMS = {
@@ -118,9 +119,10 @@ SYSTEMS = {
                  "at batch 64")),
     "keras_ddl": System(
         name="keras_ddl",
-        description="keras_ddl as built today on GPU servers: CPU kernels (GPU tensors "
-                    "staged through host memory), shared memory in a node, ring over MPI "
-                    "across nodes on 100 Gb/s EDR InfiniBand",
+        description="keras_ddl as built on GPU servers: CPU kernels (GPU tensors "
+                    "staged through host memory), shared memory in a node, a pairwise "
+                    "reduce-scatter and ring all-gather over MPI across nodes on 100 Gb/s "
+                    "EDR InfiniBand",
         gpus_per_node=8,
         intra=LOCAL_SHM_DEFAULT,
         inter=Link(alpha=3 * US, bandwidth=12 * GB),
@@ -128,16 +130,18 @@ SYSTEMS = {
         staging_in_node=True,
         resnet50_step=P100_RESNET50_STEP,
         batch_per_gpu=32,
-        algorithm="hierarchical", cross="ring",
+        algorithm="hierarchical", cross="pairwise",
         fusion="cycle", fusion_bytes=128 * 2**20, cycle=1 * MS, negotiation=True,
-        sources=("BENCHMARKS.md: numpy copy of 64 MB ~8 ms on these machines",
-                 "README: DDL_FUSION_THRESHOLD_MB=64, DDL_CYCLE_TIME_MS=1, hierarchical = "
-                 "shared memory in a node + ring across nodes")),
+        sources=("assumed: a single-core copy of 64 MB in 8 ms (--calibrate measures it)",
+                 "docs/knobs.md: DDL_FUSION_THRESHOLD_MB=128, DDL_CYCLE_TIME_MS=1; "
+                 "docs/architecture.md: shared memory in a node, pairwise reduce-scatter "
+                 "and ring all-gather across nodes")),
 }
 
 
-# BENCHMARKS.md: a bandwidth-optimal 2-rank allreduce through shared memory
-# moves about 224 MB of memory traffic per rank for 64 MB of data, while the
+# A bandwidth-optimal 2-rank allreduce through shared memory moves about
+# 224 MB of memory traffic per rank for 64 MB of data (an estimate: the
+# copies in and out and the reduction's reads and writes), while the
 # ring formula counts 64 MB sent; a plain copy moves 128 MB of traffic for
 # 64 MB. So one byte "sent" by the shared-memory allreduce costs 224/128 of
 # a copied byte.
@@ -151,7 +155,7 @@ def shm_link(copy_bandwidth, alpha):
 
 
 # The keras_ddl system's default intra link is the same formula applied to
-# BENCHMARKS.md's reference copy (64 MB in ~8 ms), so --calibrate only
+# the assumed copy above (64 MB in 8 ms), so --calibrate only
 # replaces measured numbers, never the method.
 SYSTEMS["keras_ddl"] = SYSTEMS["keras_ddl"].with_(
     intra=shm_link(64 * 2**20 / (8 * MS), LOCAL_SHM_DEFAULT.alpha))

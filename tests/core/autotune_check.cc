@@ -289,6 +289,8 @@ double InjectedWindow(int ranks, int rank, int k, int sample) {
 
 struct SettingsRun {
   std::vector<std::vector<AutotuneSetting>> used;  // [rank][cycle]
+  // What each rank had printed when the algorithms were chosen.
+  std::vector<std::string> printed_when_algorithms_chosen;
   std::vector<int> settings_decided_at;
   std::vector<AutotuneTable> table;
   std::vector<std::string> printed;
@@ -303,6 +305,7 @@ void RunSettingsTuners(int ranks, const std::string& shape, const std::vector<st
   out->settings_decided_at.assign(ranks, -1);
   out->table.assign(ranks, {});
   out->printed.assign(ranks, "");
+  out->printed_when_algorithms_chosen.assign(ranks, "(never chosen)");
   group.Run([&](int r) {
     InProcessRank plane(group, r);
     // Each rank's own cycle time in its first candidate: rank 0's list is
@@ -320,8 +323,10 @@ void RunSettingsTuners(int ranks, const std::string& shape, const std::vector<st
           out->settings_decided_at[r] = c;
         }
         Autotuner::Ticket t;
+        const bool decided = tuner.decided();
         tuner.Before(bytes, &t);
         tuner.After(t, 1e-3);
+        if (!decided && tuner.decided()) out->printed_when_algorithms_chosen[r] = out->printed[r];
       }
       out->table[r] = tuner.table();
     }
@@ -374,9 +379,27 @@ void SettingsFromTheSlowestRank() {
     Expect(score.size() == 3 && score[0] == bytes / 2e-3 && score[1] == bytes / 1.5e-3 &&
                score[2] == bytes / 3e-3,
            "the scores are the slowest rank's bytes per second" + n);
+    // The algorithms' table comes when they are chosen, with what the
+    // settings' phase will take; the settings' rows come at its end.
+    const std::string& early = res.printed_when_algorithms_chosen[0];
+    const std::string next = "next: 3 fusion thresholds and cycle times, " +
+                             std::to_string(kSteps) + " windows of " + std::to_string(kCycles) +
+                             " cycles each: the next " +
+                             std::to_string(3 * kSteps * kCycles) + " cycles that run allreduces";
+    Expect(Contains(early, "keras_ddl autotune: the world step's allreduce (test), measured ") &&
+               Contains(early, "  < 64 KiB") && Contains(early, next) &&
+               !Contains(early, "fusion threshold  "),
+           "the algorithms' table is printed when they are chosen" + n + ":\n" + early);
+    for (int r = 1; r < ranks; ++r) {
+      Expect(res.printed_when_algorithms_chosen[r].empty(), "only rank 0 prints" + n + R(r));
+    }
     const std::string& p = res.printed[0];
-    Expect(p.find("keras_ddl autotune:") == p.rfind("keras_ddl autotune:"),
-           "one table" + n + ":\n" + p);
+    const std::string late = p.substr(early.size());
+    Expect(Contains(late, "keras_ddl autotune: the world step's fusion threshold and cycle time "
+                          "(test), measured ") &&
+               late.find("keras_ddl autotune:") == late.rfind("keras_ddl autotune:") &&
+               !Contains(late, "< 64 KiB"),
+           "then the settings' table alone" + n + ":\n" + p);
     auto row = [&p](const std::string& start) {
       const size_t at = p.find("\n  " + start);
       return at == std::string::npos ? std::string("(missing)")
@@ -391,9 +414,27 @@ void SettingsFromTheSlowestRank() {
                row("128 MB            1 ms").back() != '*' &&
                row("128 MB            5 ms").back() != '*',
            "the configured row and the other, not chosen" + n + ":\n" + p);
-    Expect(Contains(p, "and " + std::to_string(kSteps) + " windows of " +
-                           std::to_string(kCycles) + " cycles per setting"),
+    Expect(Contains(late, "measured " + std::to_string(kSteps) + " windows of " +
+                              std::to_string(kCycles) + " cycles per setting"),
            "the table says what was measured" + n + ":\n" + p);
+  }
+  {
+    // A job that stops during the settings' phase: the algorithms were
+    // shown, and the last words say how far it got and what would finish.
+    InjectTimes(2);
+    SettingsRun cut;
+    InjectWindows(2, &cut.windows_measured);
+    const int cycles = 4 * kSteps + 7;  // 7 cycles into the settings
+    RunSettingsTuners(2, "test", std::vector<std::string>(2), cycles, &cut);
+    const std::string& p = cut.printed[0];
+    Expect(Contains(cut.printed_when_algorithms_chosen[0], "  next: 3 fusion thresholds") &&
+               Contains(p, "keras_ddl autotune: the job ended before tuning finished (the "
+                           "algorithms were chosen, as printed above; 7 of the " +
+                           std::to_string(3 * kSteps * kCycles) +
+                           " cycles of the fusion threshold and cycle time had run); nothing "
+                           "saved. A longer job, or fewer DDL_AUTOTUNE_STEPS or "
+                           "DDL_AUTOTUNE_CYCLES, lets it finish\n"),
+           "a job cut short in the settings' phase says how far it got:\n" + p);
   }
   // DecideSettings on its own: max over ranks, median over windows,
   // bytes per second (not seconds alone).

@@ -27,6 +27,7 @@ BAD_VALUES = [
     ("DDL_TIMELINE", "/nonexistent/dir/trace.json"),
     ("DDL_ENGINE_PRIORITY", "max"),
     ("DDL_UPLINK_COMPRESSION", "gzip"),
+    ("DDL_PRINT_TOPOLOGY", "yes"),
 ]
 
 

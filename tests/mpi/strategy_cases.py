@@ -560,8 +560,8 @@ def batchnorm_moving_statistics_are_averaged_once_per_step():
 
     import keras_ddl.keras.strategy as strategy_module
     calls = []
-    real_allreduce, real_grouped = strategy_module.ddl_ops.allreduce, \
-        strategy_module.ddl_ops.grouped_allreduce
+    real_allreduce, real_grouped = strategy_module.collectives.allreduce, \
+        strategy_module.collectives.grouped_allreduce
 
     def allreduce(tensor, *args, **kwargs):
         calls.append(("allreduce", kwargs.get("op", args[0] if args else None), 1))
@@ -574,12 +574,12 @@ def batchnorm_moving_statistics_are_averaged_once_per_step():
     with strategy.scope():
         model = compile_model(build())
         model.optimizer.build(model.trainable_variables)
-    strategy_module.ddl_ops.allreduce, strategy_module.ddl_ops.grouped_allreduce = \
+    strategy_module.collectives.allreduce, strategy_module.collectives.grouped_allreduce = \
         allreduce, grouped
     try:
         model.fit(dataset(x, y), epochs=1, verbose=0)
     finally:
-        strategy_module.ddl_ops.allreduce, strategy_module.ddl_ops.grouped_allreduce = \
+        strategy_module.collectives.allreduce, strategy_module.collectives.grouped_allreduce = \
             real_allreduce, real_grouped
     # Traced once: the four moving statistics in one grouped average, none alone.
     averages = [c for c in calls if c[1] == ddl.Average]

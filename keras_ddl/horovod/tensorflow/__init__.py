@@ -16,7 +16,9 @@ import tensorflow as tf
 import keras_ddl as ddl
 from keras_ddl.common.basics import (cross_rank, cross_size, is_initialized, local_rank,  # noqa: F401
                               local_size, rank, shutdown, size)
+from keras_ddl.common import process_sets as _process_sets
 from keras_ddl.tensorflow.arguments import Average, Max, Min, Product, Sum  # noqa: F401
+from keras_ddl.tensorflow.naming import auto_name as _auto_name
 from keras_ddl.keras.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 from ..common import (Adasum, ProcessSet, add_process_set, alltoall,  # noqa: F401
@@ -174,7 +176,7 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
 def _group_name(name, kind, process_set):
     """The name of a group of collectives (`name`, or the next unnamed one
     of `process_set`, numbered apart from other sets')."""
-    return ddl.op_naming.auto_name(name, kind, ddl.process_sets.set_id(process_set, kind))
+    return _auto_name(name, kind, _process_sets.set_id(process_set, kind))
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
