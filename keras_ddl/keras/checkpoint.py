@@ -284,19 +284,16 @@ class BackupAndRestore(keras.callbacks.Callback):
             for failure in failures[:len(failures) if choice[0] else 0]:
                 _warn(f"BackupAndRestore skipped a backup that does not load ({failure})")
             if failures and choice[0] is None:
-                error = RuntimeError("keras_ddl: BackupAndRestore found backups in "
-                                     f"{self.backup_dir} but none loads:\n  " +
-                                     "\n  ".join(failures))
-        outcome = (choice, None if error is None else str(error))
+                error = "\n  ".join(failures)
+        outcome = (choice, error)
         if basics.size() > 1:
             # Every rank learns the outcome, so a failed restore is an error
             # everywhere instead of ranks waiting for a broadcast that never comes.
             outcome = broadcast_object(outcome, self.root_rank, name="backup_and_restore.choice")
         if outcome[1] is not None:
-            if error is not None:
-                raise error
-            raise RuntimeError(f"keras_ddl: BackupAndRestore could not restore from "
-                               f"{self.backup_dir} on rank {self.root_rank}: {outcome[1]}")
+            raise RuntimeError(f"keras_ddl: BackupAndRestore found backups in {self.backup_dir} "
+                               f"but none loads (read on rank {self.root_rank}, raised on rank "
+                               f"{basics.rank()}):\n  {outcome[1]}")
         return outcome[0]
 
     # ------------------------------------------------------------ restore
@@ -525,8 +522,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         kind = self._input.kind
         if kind == fit_input.TF_DATA and not self._iterator_unsavable:
             try:
-                for name, data in self._input.iterator_state().items():
+                files = self._input.iterator_state()
+                for name, data in files.items():
                     arrays[f"iterator_{name}"] = np.frombuffer(data, np.uint8)
+                if not files:  # before the first step: nothing to restore into
+                    kind = fit_input.OTHER
             except Exception as e:
                 self._iterator_unsavable = True  # not tried again in this fit
                 _warn(f"BackupAndRestore: TensorFlow cannot save this tf.data pipeline's "

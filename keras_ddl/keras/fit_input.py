@@ -306,11 +306,9 @@ class FitInput:
             self._state = iterator_state
 
     def iterator_state(self):
-        """The tf.data iterator's checkpoint files (raises if TensorFlow
-        cannot save this pipeline)."""
-        if self.current is None:
-            raise ValueError("no step has run yet")
-        return iterator_files(self.current)
+        """The tf.data iterator's checkpoint files, {} before the first step
+        (raises if TensorFlow cannot save this pipeline)."""
+        return {} if self.current is None else iterator_files(self.current)
 
 
 def _tuples(structure):
