@@ -1,4 +1,4 @@
-"""Fills the figure tables of README.md and docs/*.md from docs/results/*.json.
+"""Fills the figure tables of README.md and docs/*.md (DOCS) from docs/results/*.json.
 
     python -m keras_ddl_tools.render_docs           # rewrite the marked blocks
     python -m keras_ddl_tools.render_docs --check   # exit 1 if a block is stale
@@ -23,7 +23,7 @@ import sys
 from . import results as R
 from .rates import parse_rate
 
-DOCS = ("README.md", "docs/PERFORMANCE.md")
+DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/failures.md")
 BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- /results:(?P=view) -->)", re.S)
 

@@ -163,7 +163,7 @@ def test_resumed_by_2_ranks_every_sample_of_the_interrupted_epoch_once(three_ran
     note = f"(random batches of the 3-rank job {stops})"
     assert proc.returncode == 0, note + output(proc)
     assert re.search(r"the global batch of 9 rows does not divide over 2 ranks \(the "
-                     r"backup's, written by 3 ranks\): rank 0 take 5 rows of each step, the "
+                     r"backup's, written by 3 ranks\): rank 0 takes 5 rows of each step, the "
                      r"others 4", proc.stderr), note + output(proc)
     for kind, three_rank_job in (("arr", "arr"), ("scr", "scr")):
         a, b = restored(proc, f"{kind}-2a", 2), restored(proc, f"{kind}-2b", 2)

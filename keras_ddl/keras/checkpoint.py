@@ -214,7 +214,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.position = TrainingPosition(world_size=basics.size())
         self.restored_epoch = 0  # epochs done according to the backup fit started from
         self._chosen = None      # (path, meta) resume_position found, or (None, None)
-        self._positioned_by_script = None  # global batch of sample_index_dataset
+        self._positioned_by_script = None  # the input's global batch (0: not said)
         self._writer = backup_store.BackgroundWriter()
         self._input = None
         self._metric_values = None
@@ -254,11 +254,17 @@ class BackupAndRestore(keras.callbacks.Callback):
         return TrainingPosition(world_size=basics.size()) if meta is None \
             else TrainingPosition(**meta["position"])
 
-    def use_positioned_input(self, global_batch):
-        """Called by `keras_ddl.data.sample_index_dataset(backup=self)`: the
-        input starts at this backup's position by construction, so no
-        iterator state is saved for it. Returns the resume position."""
+    def use_positioned_input(self, global_batch=None):
+        """Declares that the script builds the input of `fit` from this
+        backup's position (`keras_ddl.data.sample_index_dataset(backup=self)`
+        calls it), so that no iterator state is saved for it and the resumed
+        epoch starts at the backup's batch with whatever the input yields
+        first. Returns the resume position. `global_batch`: the input's
+        samples per step over all ranks, which must be the backup's."""
         position = self.resume_position()
+        if global_batch is None:
+            self._positioned_by_script = self._positioned_by_script or 0
+            return position
         if position.global_batch is not None and position.global_batch != global_batch:
             raise ValueError(f"keras_ddl: the backup in {self.backup_dir} was written with a "
                              f"global batch of {position.global_batch}, the input asks for "
