@@ -156,9 +156,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     Give it to `fit` on every rank, first in the callback list (the
     callbacks after it then see the restored state). At `on_train_begin`,
     `root_rank` loads the newest complete backup in `backup_dir` (falling
-    back to older ones if the newest does not verify or load), every rank
-    takes the state from it, and `fit` continues at the batch after the one
-    the backup ended. Backups are kept after `fit` returns; a finished run
+    back to older ones if the newest does not verify against its
+    checksums), every rank takes the state from it, and `fit` continues at
+    the batch after the one the backup ended. Backups are kept after `fit` returns; a finished run
     restarted with the same `epochs` trains nothing. What is saved, for
     which inputs the position holds, and what a script resumed at another
     world size sees: see the module docstring.
