@@ -9,7 +9,9 @@ A backup is a directory ``epoch-EEEEEE`` (the state after E epochs) or
 - ``rank-RRRRR.npz``: what each rank holds for itself (non-trainable model
   variables, metric variables, its tf.data iterator state);
 - ``meta.json``: the position, the index of ``variables.bin`` (path, dtype,
-  shape, offset of every variable) and the SHA-256 of every other file.
+  shape, offset of every variable), and the size and CRC-32 of every other
+  file (a check against a copy cut short or a damaged disk; CRC-32 reads
+  ResNet-50's 205 MB in less than half of SHA-256's time).
 
 It is written under ``.partial-*`` and renamed into place once every file
 is on disk (fsync'd), so a process killed while saving, or a full disk,
@@ -18,13 +20,13 @@ leaves the previous backup as the newest complete one.
 
 import errno
 import glob
-import hashlib
 import io
 import json
 import os
 import re
 import shutil
 import threading
+import zlib
 
 import numpy as np
 
@@ -66,23 +68,25 @@ def _fsync(path):
 
 
 def _write(path, chunks):
-    """Writes the byte chunks to `path`, fsync'd; returns their SHA-256."""
-    digest = hashlib.sha256()
+    """Writes the byte chunks to `path`, fsync'd; returns [bytes, CRC-32]."""
+    crc, size = 0, 0
     with open(path, "wb") as f:
         for chunk in chunks:
-            digest.update(chunk)
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
             f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
-    return digest.hexdigest()
+    return [size, crc]
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
+def _checksum(path):
+    crc, size = 0, 0
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+            crc = zlib.crc32(block, crc)
+            size += len(block)
+    return [size, crc]
 
 
 def as_bytes(array):
@@ -118,9 +122,12 @@ def write_backup(backup_dir, name, meta, arrays, rank_blobs):
     Args:
         meta: JSON-able dict (the position and what the caller wants kept);
             the variable index and checksums are added here.
-        arrays: [(path, ndarray)] in the order the caller restores them.
+        arrays: [(path, array)] in the order the caller restores them; an
+            array is anything ``np.asarray`` takes (a snapshot tensor is
+            converted here, in the writing thread).
         rank_blobs: {rank: bytes of an .npz}.
     """
+    arrays = [(path, np.asarray(array)) for path, array in arrays]
     os.makedirs(backup_dir, exist_ok=True)
     final = os.path.join(backup_dir, name)
     partial = os.path.join(backup_dir, f".partial-{name}-{os.getpid()}")
@@ -141,7 +148,7 @@ def write_backup(backup_dir, name, meta, arrays, rank_blobs):
         files = {VARIABLES: _write(os.path.join(partial, VARIABLES), chunks)}
         for rank, blob in sorted(rank_blobs.items()):
             files[rank_file(rank)] = _write(os.path.join(partial, rank_file(rank)), [blob])
-        meta = dict(meta, variables=index, sha256=files)
+        meta = dict(meta, variables=index, files=files)
         with open(os.path.join(partial, META), "w") as f:
             json.dump(meta, f, indent=1)
             f.flush()
@@ -179,8 +186,8 @@ def read_meta(path):
 
 def verify(path, meta):
     """Raises ValueError if a file of the backup does not match its checksum."""
-    for name, expected in meta["sha256"].items():
-        if _sha256(os.path.join(path, name)) != expected:
+    for name, expected in meta["files"].items():
+        if _checksum(os.path.join(path, name)) != list(expected):
             raise ValueError(f"{os.path.join(path, name)} does not match the checksum in {META}")
 
 

@@ -3,7 +3,7 @@ run from the last backup, at the same or at another world size.
 
 ```python
 backup = ddl.callbacks.BackupAndRestore("/shared/run1/backup", save_freq=100)
-model.fit(x, y, batch_size=256, epochs=90, callbacks=[backup, ...])   # the same command after a crash
+model.fit(x, y, batch_size=256, epochs=90, callbacks=[backup, ...])  # the same after a crash
 ```
 
 What a backup holds: every variable of the model (weights, BatchNorm
@@ -161,9 +161,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     Give it to `fit` on every rank, first in the callback list (the
     callbacks after it then see the restored state). At `on_train_begin`,
     `root_rank` loads the newest complete backup in `backup_dir` (falling
-    back to older ones if the newest does not verify or load), every rank
-    takes the state from it, and `fit` continues at the batch after the one
-    the backup ended. Backups are kept after `fit` returns; a finished run
+    back to older ones if the newest does not verify against its
+    checksums), every rank takes the state from it, and `fit` continues at
+    the batch after the one the backup ended. Backups are kept after `fit` returns; a finished run
     restarted with the same `epochs` trains nothing. What is saved, for
     which inputs the position holds, and what a script resumed at another
     world size sees: see the module docstring.
@@ -219,7 +219,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.position = TrainingPosition(world_size=basics.size())
         self.restored_epoch = 0  # epochs done according to the backup fit started from
         self._chosen = None      # (path, meta) resume_position found, or (None, None)
-        self._positioned_by_script = None  # global batch of sample_index_dataset
+        self._positioned_by_script = None  # the input's global batch (0: not said)
         self._writer = backup_store.BackgroundWriter()
         self._input = None
         self._metric_values = None
@@ -259,11 +259,17 @@ class BackupAndRestore(keras.callbacks.Callback):
         return TrainingPosition(world_size=basics.size()) if meta is None \
             else TrainingPosition(**meta["position"])
 
-    def use_positioned_input(self, global_batch):
-        """Called by `keras_ddl.data.sample_index_dataset(backup=self)`: the
-        input starts at this backup's position by construction, so no
-        iterator state is saved for it. Returns the resume position."""
+    def use_positioned_input(self, global_batch=None):
+        """Declares that the script builds the input of `fit` from this
+        backup's position (`keras_ddl.data.sample_index_dataset(backup=self)`
+        calls it), so that no iterator state is saved for it and the resumed
+        epoch starts at the backup's batch with whatever the input yields
+        first. Returns the resume position. `global_batch`: the input's
+        samples per step over all ranks, which must be the backup's."""
         position = self.resume_position()
+        if global_batch is None:
+            self._positioned_by_script = self._positioned_by_script or 0
+            return position
         if position.global_batch is not None and position.global_batch != global_batch:
             raise ValueError(f"keras_ddl: the backup in {self.backup_dir} was written with a "
                              f"global batch of {position.global_batch}, the input asks for "
@@ -289,19 +295,16 @@ class BackupAndRestore(keras.callbacks.Callback):
             for failure in failures[:len(failures) if choice[0] else 0]:
                 _warn(f"BackupAndRestore skipped a backup that does not load ({failure})")
             if failures and choice[0] is None:
-                error = RuntimeError("keras_ddl: BackupAndRestore found backups in "
-                                     f"{self.backup_dir} but none loads:\n  " +
-                                     "\n  ".join(failures))
-        outcome = (choice, None if error is None else str(error))
+                error = "\n  ".join(failures)
+        outcome = (choice, error)
         if basics.size() > 1:
             # Every rank learns the outcome, so a failed restore is an error
             # everywhere instead of ranks waiting for a broadcast that never comes.
             outcome = broadcast_object(outcome, self.root_rank, name="backup_and_restore.choice")
         if outcome[1] is not None:
-            if error is not None:
-                raise error
-            raise RuntimeError(f"keras_ddl: BackupAndRestore could not restore from "
-                               f"{self.backup_dir} on rank {self.root_rank}: {outcome[1]}")
+            raise RuntimeError(f"keras_ddl: BackupAndRestore found backups in {self.backup_dir} "
+                               f"but none loads (read on rank {self.root_rank}, raised on rank "
+                               f"{basics.rank()}):\n  {outcome[1]}")
         return outcome[0]
 
     # ------------------------------------------------------------ restore
@@ -390,7 +393,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = self.position.epoch
         self._step = self.position.step
         self._since_save = 0
-        self._iterator_warned = False
+        self._iterator_unsavable = False
         if self.position.epoch > 0 or self.position.step > 0:
             # Keras' own BackupAndRestore resumes the same way: fit reads this
             # attribute after on_train_begin.
@@ -479,12 +482,20 @@ class BackupAndRestore(keras.callbacks.Callback):
                                      f" (the backup's, written by {position.world_size} ranks)")
 
     def _warn_unpositioned(self):
-        if self._input.kind == fit_input.OTHER and self.save_freq != "epoch" and \
-                self._is_root():
-            _warn(f"BackupAndRestore: the input ({self._input.why_not}) cannot be positioned: a run "
-                  "resumed from a backup taken within an epoch starts that epoch at its first "
-                  "batch (give arrays, a tf.data pipeline, or "
+        if not self._is_root():
+            return
+        if self._input.kind == fit_input.OTHER and self.save_freq != "epoch":
+            _warn(f"BackupAndRestore: the input ({self._input.why_not}) cannot be positioned: a "
+                  "run resumed from a backup taken within an epoch starts that epoch at its "
+                  "first batch (give arrays, a tf.data pipeline, or "
                   "keras_ddl.data.sample_index_dataset)")
+        if self._input.reshuffles_ahead:
+            _warn("BackupAndRestore: this tf.data pipeline maps in parallel after a batch, over a "
+                  "shuffle that reshuffles each epoch; TensorFlow restores such an iterator with "
+                  "the reshuffling one epoch ahead, so after a resume the epochs that follow the "
+                  "resumed one are shuffled differently from an uninterrupted run (the resumed "
+                  "epoch is exact). Map before batching, or without num_parallel_calls, to "
+                  "resume bitwise")
 
     def on_train_end(self, logs=None):
         try:
@@ -526,20 +537,24 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _rank_state(self):
         """This rank's own state as the bytes of an .npz."""
-        arrays = {f"own_{i}": np.asarray(v.numpy()) for i, v in enumerate(self._own_variables())}
+        own = [tf.identity(v.value) for v in self._own_variables()]
+        arrays = {f"own_{i}": np.asarray(t) for i, t in enumerate(own)}
         kind = self._input.kind
-        if kind == fit_input.TF_DATA:
+        if kind == fit_input.TF_DATA and not self._iterator_unsavable:
             try:
-                for name, data in self._input.iterator_state().items():
+                files = self._input.iterator_state()
+                for name, data in files.items():
                     arrays[f"iterator_{name}"] = np.frombuffer(data, np.uint8)
+                if not files:  # before the first step: nothing to restore into
+                    kind = fit_input.OTHER
             except Exception as e:
-                kind = fit_input.OTHER
-                if not self._iterator_warned:
-                    self._iterator_warned = True
-                    _warn(f"BackupAndRestore: TensorFlow cannot save this tf.data pipeline's "
-                          f"iterator ({type(e).__name__}: {str(e).splitlines()[0][:200]}); a "
-                          "run resumed from a backup taken within an epoch starts that epoch "
-                          "at its first batch")
+                self._iterator_unsavable = True  # not tried again in this fit
+                _warn(f"BackupAndRestore: TensorFlow cannot save this tf.data pipeline's "
+                      f"iterator ({type(e).__name__}: {str(e).splitlines()[0][:200]}); a "
+                      "run resumed from a backup taken within an epoch starts that epoch "
+                      "at its first batch")
+        if kind == fit_input.TF_DATA and self._iterator_unsavable:
+            kind = fit_input.OTHER
         return backup_store.npz_bytes(arrays), kind
 
     def _save(self, epoch, step):
@@ -558,10 +573,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         position = TrainingPosition(epoch=epoch, step=step, global_batch=self._global_batch,
                                     iterations=iterations, world_size=basics.size(),
                                     shuffle_seed=self._input.shuffle_seed, input=kind)
-        arrays = [(v.path, np.asarray(v.numpy())) for v in self._shared_variables()]
+        # Snapshots (reads: an update after them copies the variable's buffer
+        # first), made into numpy arrays by the writer.
+        arrays = [(v.path, tf.identity(v.value)) for v in self._shared_variables()]
         generator = _global_seed_generator()
         if generator is not None:
-            arrays.append((_GLOBAL_SEED_PATH, np.asarray(generator.state.numpy())))
+            arrays.append((_GLOBAL_SEED_PATH, tf.identity(generator.state.value)))
         meta = {"position": dataclasses.asdict(position), "root_rank": self.root_rank,
                 "iterator_epoch": self._input.current_epoch, "keras": keras.__version__,
                 "time": time.time()}

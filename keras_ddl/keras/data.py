@@ -237,10 +237,10 @@ def warn_uneven_global_batch(global_batch, size=None, why=""):
     if (global_batch, size) not in _uneven_warned:
         _uneven_warned.add((global_batch, size))
         from ..common import basics
-        rest = f"{'ranks 0-' + str(extra - 1) if extra > 1 else 'rank 0'}"
+        more = f"ranks 0-{extra - 1} take" if extra > 1 else "rank 0 takes"
         sys.stderr.write(
             f"[keras_ddl] rank {basics.rank()}: the global batch of {global_batch} rows does not "
-            f"divide over {size} ranks{why}: {rest} take {base + 1} rows of each step, the "
+            f"divide over {size} ranks{why}: {more} {base + 1} rows of each step, the "
             f"others {base}. The global batch, the steps per epoch and the learning rate are "
             f"unchanged; each rank's mean loss counts equally, so a sample on a rank with "
             f"{base} rows weighs {base + 1}/{base} of one on a rank with {base + 1}.\n")

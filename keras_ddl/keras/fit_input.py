@@ -82,6 +82,40 @@ def _adapter_kind(adapter):
     return OTHER, names.get(name, f"a {name.replace('DataAdapter', '')} input")
 
 
+_BATCHES = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset")
+
+
+def reshuffle_ahead_risk(dataset):
+    """True if a parallel map is applied after a batch, over a shuffle that
+    reshuffles each epoch: TensorFlow (2.21) restores such an iterator with
+    the shuffle's seed generator one draw ahead, so the epochs after the
+    restored one are shuffled as the uninterrupted run's next ones. Walks
+    the pipeline through the datasets' ``_inputs()``."""
+    def walk(ds, parallel_map_above, batch_under_parallel_map):
+        name = type(ds).__name__
+        if name == "_ShuffleDataset" and getattr(ds, "_reshuffle_each_iteration", False):
+            return batch_under_parallel_map
+        if name in _BATCHES and parallel_map_above:
+            batch_under_parallel_map = True
+        if name == "_ParallelMapDataset":
+            parallel_map_above = True
+        try:
+            inputs = ds._inputs()
+        except Exception:  # a dataset class without it: nothing known below
+            return False
+        return any(walk(i, parallel_map_above, batch_under_parallel_map) for i in inputs)
+
+    return walk(dataset, False, False)
+
+
+def without_map_parallelization(dataset):
+    """The dataset with tf.data's automatic map parallelization off: a map it
+    makes parallel after a batch has the restore problem above."""
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False
+    return dataset.with_options(options)
+
+
 def iterator_files(iterator):
     """TensorFlow's checkpoint of a tf.data iterator, as {file name: bytes}."""
     with tempfile.TemporaryDirectory(prefix="keras_ddl-iterator-") as directory:
@@ -147,6 +181,7 @@ class FitInput:
         self.epoch_iterator = epoch_iterator
         self.shuffle_seed = int(shuffle_seed)
         self.why_not = None  # why an OTHER input cannot be positioned
+        self.reshuffles_ahead = False  # see reshuffle_ahead_risk
         if positioned_by_script:
             self.kind = SCRIPT
         elif epoch_iterator is None:
@@ -228,6 +263,10 @@ class FitInput:
         epoch_iterator._enumerate_iterator = enumerate_from_position
         if self.kind == ARRAYS:
             epoch_iterator._get_iterator = self._array_iterator
+        if self.kind == TF_DATA and isinstance(epoch_iterator._get_iterator(), tf.data.Dataset):
+            epoch_iterator._distributed_dataset = without_map_parallelization(
+                epoch_iterator._distributed_dataset)
+            self.reshuffles_ahead = reshuffle_ahead_risk(epoch_iterator._distributed_dataset)
 
     def begin_epoch(self, epoch):
         """fit starts `epoch` (the first one: where the arrays' stream starts
@@ -267,11 +306,9 @@ class FitInput:
             self._state = iterator_state
 
     def iterator_state(self):
-        """The tf.data iterator's checkpoint files (raises if TensorFlow
-        cannot save this pipeline)."""
-        if self.current is None:
-            raise ValueError("no step has run yet")
-        return iterator_files(self.current)
+        """The tf.data iterator's checkpoint files, {} before the first step
+        (raises if TensorFlow cannot save this pipeline)."""
+        return {} if self.current is None else iterator_files(self.current)
 
 
 def _tuples(structure):
