@@ -53,7 +53,7 @@ from .allreduce import (  # noqa: F401
     halving_doubling_allreduce, hierarchical, multi_ring_allreduce, pairwise_ring_cross,
     ring_allreduce, ring_cross_racks, ring_reduce_scatter)
 from .anchors import (  # noqa: F401
-    _MODEL_NAMES, ANCHORS_PATH, H200_ANCHORS, _first_number, _md_rows, _two_point_link,
+    _MODEL_NAMES, ANCHORS_FILE, H200_ANCHORS, _first_number, _md_rows, _two_point_link,
     h200_shm_link, h200_staging, parse_anchors)
 from .calibration import _median_time, calibrate, calibrated_system  # noqa: F401
 from .cli import (  # noqa: F401

@@ -7,11 +7,10 @@ import os
 
 from .links import MS, US, Link
 
-# The file in this checkout (keras_ddl_tools/scaling_model/anchors.py is two
-# folders below the repository root).
-ANCHORS_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "docs", "model_data", "h200.md")
+# The file that records the figures, relative to the repository's root. The
+# tools may run from an installed copy, which has no docs/, so the path is
+# not resolved here.
+ANCHORS_FILE = os.path.join("docs", "model_data", "h200.md")
 
 # The figures of docs/model_data/h200.md (measured 2026-12-04 on one H200,
 # outside this project's machines); a test parses the file and checks
