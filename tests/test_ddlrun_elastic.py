@@ -313,7 +313,6 @@ for h in $line; do echo $h; done
 """)
     proc = elastic_run(launcher, tmp_path, 3, "cut_off",
                        ["--host-discovery-script", hosts, "--min-np", "2", "--max-restarts", "3"])
-    print(proc.stderr)
     assert proc.returncode == 0, output(proc)
     runs = attempts(tmp_path)
     assert runs[0] == {0: (3, "fakea"), 1: (3, "fakeb"), 2: (3, "fakec")}, output(proc)
