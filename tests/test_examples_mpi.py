@@ -40,14 +40,14 @@ def records(launcher, tmp_path_factory):
     out = tmp_path_factory.mktemp("records")
     write_image_tree(str(tree), NUM_CLASSES, per_class=4, size=(36, 44))
     convert = [sys.executable, os.path.join(EXAMPLES, "convert_image_folder.py"),
-               "--input-dir", str(tree), "--output-dir", str(out), "--num-shards", "2"]
+               "--input-dir", str(tree), "--output-dir", str(out), "--num-shards", "6"]
     subprocess.run(convert, check=True, capture_output=True, env=launcher.env())
     # The held-out split the examples evaluate (the same images: a smoke test).
     subprocess.run(convert + ["--split", "validation", "--labels", str(out / "labels.txt")],
                    check=True, capture_output=True, env=launcher.env())
-    assert sorted(os.listdir(out)) == ["labels.txt", "train-00000-of-00002",
-                                       "train-00001-of-00002", "validation-00000-of-00002",
-                                       "validation-00001-of-00002"]
+    # 6 shards a split: one or more for each rank at 1, 2 and 3 ranks.
+    assert sorted(os.listdir(out)) == ["labels.txt"] + [
+        f"{split}-{i:05d}-of-00006" for split in ("train", "validation") for i in range(6)]
     return str(out)
 
 
