@@ -12,7 +12,6 @@ import json
 
 import os
 
-import pytest
 from conftest import Launcher
 
 HEADER = "keras_ddl autotune:"
@@ -91,16 +90,9 @@ def loaded_table(proc):
     return tables(proc, 1)[0]
 
 
-@pytest.mark.parametrize("ranks, mode, step, candidates", [
-    # 2 ranks measure and save in test_another_shape_is_refused_and_measured_again
-    (3, "world", "world", ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]),
-    # DDL_UPLINK_COMPRESSION=auto (set by the job): the fp16-uplink candidate
-    (4, "racks", "racks", ["RACK_ORDERED_EXCHANGE", "RACK_ALLREDUCE_256K", "RACK_ALLREDUCE_1M",
-                          "RACK_ALLREDUCE_SIZED", "RACK_ALLREDUCE_SIZED_FP16UP"]),
-])
-def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, candidates):
-    table_file = tmp_path / "autotune.txt"
-    launched = launch(launcher, ranks, mode, table_file)
+def check_measured(launched, table_file, ranks, step, candidates):
+    """A measuring launch's table and saved file; returns (table, chosen
+    setting, the saved file's mtime)."""
     first = table(launched)
     assert f"the {step} step's allreduce (ranks={ranks} " in first[0], first
     assert "measured 2 batches per candidate" in first[0], first
@@ -117,11 +109,13 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
     assert saved.startswith("keras_ddl autotune table v2\n") and f"step={step}" in saved
     assert f"\nsettings_chosen {SETTINGS.index(chosen)} " in saved, saved
     assert f"ranks={ranks} " in saved, saved
-    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p], os.listdir(tmp_path)
-    mtime = table_file.stat().st_mtime_ns
+    assert not [p for p in os.listdir(table_file.parent) if ".tmp." in p], \
+        os.listdir(table_file.parent)
+    return first, chosen, table_file.stat().st_mtime_ns
 
-    # The same shape again: loaded, not measured, not rewritten.
-    again = launch(launcher, ranks, mode, table_file)
+
+def check_loaded(again, table_file, first, chosen, mtime):
+    """The same shape launched again: loaded, not measured, not rewritten."""
     second = loaded_table(again)
     assert f"loaded from {table_file}, not measured again" in second[0], second
     assert second[1:] == first[1:], (first, second)
@@ -129,13 +123,29 @@ def test_measured_once_saved_and_reused(launcher, tmp_path, ranks, mode, step, c
     assert table_file.stat().st_mtime_ns == mtime
 
 
-def test_another_shape_is_refused_and_measured_again(launcher, tmp_path):
+WORLD_CANDIDATES = ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE"]
+
+
+def test_another_shape_is_refused_measured_again_then_reused(launcher, tmp_path):
+    """2 ranks measure and save; 3 ranks refuse that table, measure and save
+    their own; 3 ranks again load it. (One launch fewer than measuring 3
+    ranks from nothing in a test of their own.)"""
     table_file = tmp_path / "autotune.txt"
-    two = table(launch(launcher, 2, "world", table_file))
-    assert "the world step's allreduce (ranks=2 " in two[0] and "measured 2 batches" in two[0]
-    assert "ranks=2 " in table_file.read_text()
+    check_measured(launch(launcher, 2, "world", table_file), table_file, 2, "world",
+                   WORLD_CANDIDATES)
     proc = launch(launcher, 3, "world", table_file)
     assert (f"warning: not using DDL_AUTOTUNE_FILE={table_file}: it was measured for another "
             "job shape (ranks=2 ") in proc.stderr, proc.stderr[-3000:]
-    assert "measured 2 batches per candidate" in table(proc)[0]
-    assert "ranks=3 " in table_file.read_text()
+    first, chosen, mtime = check_measured(proc, table_file, 3, "world", WORLD_CANDIDATES)
+    check_loaded(launch(launcher, 3, "world", table_file), table_file, first, chosen, mtime)
+
+
+def test_racks_measured_once_saved_and_reused(launcher, tmp_path):
+    """4 ranks in 2 racks; DDL_UPLINK_COMPRESSION=auto (set by the job)
+    adds the fp16-uplink candidate."""
+    candidates = ["RACK_ORDERED_EXCHANGE", "RACK_ALLREDUCE_256K", "RACK_ALLREDUCE_1M",
+                  "RACK_ALLREDUCE_SIZED", "RACK_ALLREDUCE_SIZED_FP16UP"]
+    table_file = tmp_path / "autotune.txt"
+    first, chosen, mtime = check_measured(launch(launcher, 4, "racks", table_file), table_file,
+                                          4, "racks", candidates)
+    check_loaded(launch(launcher, 4, "racks", table_file), table_file, first, chosen, mtime)
