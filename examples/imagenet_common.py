@@ -8,7 +8,6 @@ identity). Distribution uses ddl.DistributedOptimizer + callbacks.
 
 import argparse
 import glob
-import json
 import os
 import sys
 import time
@@ -50,7 +49,9 @@ def parse_args(description, defaults, argv=None):
                    help="random data of the right shape instead of --data-dir (for "
                    "throughput; the accuracy is meaningless)")
     p.add_argument("--global-batch", type=int, default=defaults["global_batch"],
-                   help="images per step over all ranks (must be a multiple of the ranks)")
+                   help="images per step over all ranks, whatever their number (a rank "
+                   "takes global // ranks images, the first global %% ranks one more); keep "
+                   "it across restarts")
     p.add_argument("--epochs", type=int, default=defaults["epochs"], help="epochs to train")
     p.add_argument("--warmup-epochs", type=float, default=defaults["warmup_epochs"],
                    help="linear learning-rate warmup, in epochs")
@@ -89,9 +90,13 @@ def parse_args(description, defaults, argv=None):
     p.add_argument("--mixed-bfloat16", action="store_true",
                    help="Keras mixed_bfloat16 policy (float32 logits)")
     p.add_argument("--checkpoint-dir", default="checkpoints",
-                   help="rank 0 writes ckpt-EEEE.npz here after every epoch (on a file "
-                   "system every rank sees, for --resume)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+                   help="rank 0 writes ddl.callbacks.BackupAndRestore backups here (the "
+                   "newest two are kept)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="back up every N steps (and at the end); 0: at every epoch's end")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest backup in --checkpoint-dir, at any number "
+                   "of ranks (without it, a directory holding backups is an error)")
     p.add_argument("--seed", type=int, default=0, help="weights, shuffling and augmentation")
     a = p.parse_args(argv)
     if not a.synthetic and not a.data_dir:
@@ -100,6 +105,8 @@ def parse_args(description, defaults, argv=None):
         a.base_lr = BASE_LR[a.optimizer]
     if a.eval_images < 1:
         p.error(f"--eval-images must be >= 1, got {a.eval_images}")
+    if a.checkpoint_every < 0:
+        p.error(f"--checkpoint-every must be >= 0, got {a.checkpoint_every}")
     if a.eval_split != "none" and a.data_dir:
         if not glob.glob(os.path.join(a.data_dir, f"{a.eval_split}-*")):
             p.error(f"--eval-split {a.eval_split}: no {a.eval_split}-* files in {a.data_dir} "
@@ -158,53 +165,8 @@ def build_resnet(keras, depth, num_classes, image_size, width=1.0, l2=0.0):
 
 # ---------------------------------------------------------------- checkpoints
 
-def checkpoint_path(directory, epoch):
-    return os.path.join(directory, f"ckpt-{epoch:04d}.npz")
-
-
-def latest_checkpoint(directory):
-    paths = sorted(glob.glob(os.path.join(directory, "ckpt-*.npz")))
-    return paths[-1] if paths else None
-
-
 def weights_checksum(model):
     return float(sum(np.sum(np.abs(w.astype(np.float64))) for w in model.get_weights()))
-
-
-def save_checkpoint(model, optimizer, directory, epoch):
-    """Model weights, optimizer variables and the epoch count, in one npz
-    written to a temporary name then renamed (readers never see half a file)."""
-    os.makedirs(directory, exist_ok=True)
-    arrays = {f"w{i}": w for i, w in enumerate(model.get_weights())}
-    for i, v in enumerate(optimizer.variables):
-        arrays[f"o{i}"] = np.asarray(v.numpy())
-    meta = {"epoch": epoch, "num_weights": len(model.get_weights()),
-            "optimizer_variables": [v.path for v in optimizer.variables]}
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    path = checkpoint_path(directory, epoch)
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-    return path
-
-
-def load_checkpoint(model, optimizer, path):
-    """Restores what save_checkpoint wrote; returns the number of epochs done."""
-    with np.load(path) as f:
-        meta = json.loads(bytes(f["meta"]).decode())
-        n_w = len(model.get_weights())
-        if meta["num_weights"] != n_w:
-            raise SystemExit(f"{path}: {meta['num_weights']} weights, the model has {n_w} "
-                             "(different --depth / --width-multiplier / --num-classes?)")
-        model.set_weights([f[f"w{i}"] for i in range(n_w)])
-        optimizer.build(model.trainable_variables)
-        names = [v.path for v in optimizer.variables]
-        if names != meta["optimizer_variables"]:
-            raise SystemExit(f"{path}: optimizer state does not match this optimizer "
-                             "(different --optimizer?)")
-        for i, v in enumerate(optimizer.variables):
-            v.assign(f[f"o{i}"])
-    return int(meta["epoch"])
 
 
 # ---------------------------------------------------------------- training
@@ -225,18 +187,38 @@ def main(description, defaults, argv=None):
         if rank == 0:
             print(*a, flush=True)
 
-    if args.global_batch % size:
-        raise SystemExit(f"--global-batch {args.global_batch} is not a multiple of {size} ranks")
-    per_rank = args.global_batch // size
+    # The global batch is the run's, whatever the number of ranks (a job
+    # restarted on fewer servers keeps it): each rank takes its share.
+    if args.global_batch < size:
+        raise SystemExit(f"--global-batch {args.global_batch} is smaller than {size} ranks")
+    per_rank = data.rows_of_rank(args.global_batch, rank, size)[1]
+    data.warn_uneven_global_batch(args.global_batch, size)
     steps = args.steps_per_epoch or max(1, args.train_images // args.global_batch)
     if args.mixed_bfloat16:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
 
+    # Backups every --checkpoint-every steps, resumed at any world size.
+    backup = ddl.callbacks.BackupAndRestore(args.checkpoint_dir,
+                                            save_freq=args.checkpoint_every or "epoch",
+                                            global_batch_size=args.global_batch)
+    position = backup.resume_position()
+    if position.iterations and not args.resume:
+        raise SystemExit(f"--checkpoint-dir {args.checkpoint_dir} holds a backup (epoch "
+                         f"{position.epoch}, step {position.step}): pass --resume to continue "
+                         "from it, or give another directory")
+    # The training input is an endless shuffled stream of each rank's files,
+    # not an epoch-exact order: a resumed run restarts it with a seed drawn
+    # from the step it resumes at (so it does not replay the first images)
+    # and the file shards of the new world size. The backup then keeps no
+    # iterator state (an ImageNet shuffle buffer would make each backup
+    # gigabytes); keras_ddl.data.sample_index_dataset is the epoch-exact way.
+    backup.use_positioned_input()
+    stream_seed = args.seed + rank + 1_000_003 * position.iterations
     if args.synthetic:
         ds = data.synthetic_dataset(args.image_size, args.num_classes, per_rank, seed=args.seed)
     else:
         ds = data.imagenet_dataset(args.data_dir, "train", args.image_size, per_rank,
-                                   training=True, rank=rank, size=size, seed=args.seed + rank)
+                                   training=True, rank=rank, size=size, seed=stream_seed)
 
     # The held-out split: every rank evaluates the same number of batches of
     # its own files (repeated, so a rank with fewer images never runs short
@@ -285,18 +267,8 @@ def main(description, defaults, argv=None):
     if eval_ds is not None:
         eval_ds = eval_ds.map(lambda x, y: (x, tf.one_hot(y, args.num_classes)))
 
-    initial_epoch = 0
-    if args.resume:
-        path = latest_checkpoint(args.checkpoint_dir)
-        if path is None:
-            log(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
-        else:
-            with strategy.scope():
-                initial_epoch = load_checkpoint(model, opt, path)
-            log(f"RESUMED path={path} epoch={initial_epoch} "
-                f"iterations={int(opt.iterations.numpy())} checksum={weights_checksum(model):.6f}")
-    if initial_epoch >= args.epochs:
-        log(f"already trained {initial_epoch} epochs (--epochs {args.epochs}): nothing to do")
+    if position.epoch >= args.epochs:
+        log(f"already trained {position.epoch} epochs (--epochs {args.epochs}): nothing to do")
         return 0
 
     log(f"resnet{args.depth} width x{args.width_multiplier} classes={args.num_classes} "
@@ -307,8 +279,16 @@ def main(description, defaults, argv=None):
         f"eval={args.eval_split}:{eval_steps * args.global_batch}images")
 
     class Report(keras.callbacks.Callback):
-        """Rank 0: step time and images/s (skipping each epoch's first step,
-        which includes tracing), loss, and the epoch checkpoint."""
+        """Rank 0: the backup resumed from, step time and images/s (skipping
+        each epoch's first step, which includes tracing), loss, and the
+        newest backup at the end."""
+
+        def on_train_begin(self, logs=None):
+            p = backup.position
+            if p.iterations:
+                log(f"RESUMED epoch={p.epoch} step={p.step} iterations="
+                    f"{int(opt.iterations.numpy())} world={p.world_size} "
+                    f"checksum={weights_checksum(model):.6f}")
 
         def on_epoch_begin(self, epoch, logs=None):
             self.times = []
@@ -325,7 +305,6 @@ def main(description, defaults, argv=None):
             t = self.times[1:] or self.times
             step = sum(t) / len(t)
             loss = float(logs.get("loss", float("nan")))
-            path = save_checkpoint(model, opt, args.checkpoint_dir, epoch + 1)
             # Top-1 on the held-out split: Keras' "accuracy" against one-hot
             # labels is the argmax match, averaged over the ranks' equal shares.
             top1 = (f"val_top1={float(logs['val_accuracy']):.4f} "
@@ -334,16 +313,20 @@ def main(description, defaults, argv=None):
                   f"accuracy={float(logs.get('accuracy', float('nan'))):.4f} {top1}"
                   f"step_time_ms={1000 * step:.1f} images_per_s_per_rank={per_rank / step:.1f} "
                   f"images_per_s_total={args.global_batch / step:.1f}", flush=True)
-            print(f"CHECKPOINT rank={rank} epoch={epoch + 1} path={path} "
-                  f"checksum={weights_checksum(model):.6f}", flush=True)
 
-    callbacks = [Report()] if use_strategy else [
-        ddl.callbacks.BroadcastGlobalVariablesCallback(0), ddl.callbacks.MetricAverageCallback(),
-        Report()]
-    # BroadcastGlobalVariablesCallback copies rank 0's optimizer state after
-    # the first batch; on resume every rank has loaded the same file anyway.
-    model.fit(ds, epochs=args.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-              callbacks=callbacks, verbose=0, shuffle=False, validation_data=eval_ds,
+        def on_train_end(self, logs=None):
+            # After BackupAndRestore's own on_train_end: the final backup is written.
+            if rank == 0 and backup.backups():
+                (epoch, step), path = backup.backups()[-1]
+                print(f"CHECKPOINT rank={rank} epoch={epoch} step={step} path={path} "
+                      f"checksum={weights_checksum(model):.6f}", flush=True)
+
+    # BackupAndRestore first: the callbacks after it see the restored state.
+    callbacks = [backup, Report()] if use_strategy else [
+        backup, ddl.callbacks.BroadcastGlobalVariablesCallback(0),
+        ddl.callbacks.MetricAverageCallback(), Report()]
+    model.fit(ds, epochs=args.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0,
+              shuffle=False, validation_data=eval_ds,
               validation_steps=eval_steps if eval_ds is not None else None)
     log("DONE")
     return 0

@@ -1,4 +1,4 @@
-"""Fills the figure tables of README.md and docs/*.md from docs/results/*.json.
+"""Fills the figure tables of README.md and docs/*.md (DOCS) from docs/results/*.json.
 
     python -m keras_ddl_tools.render_docs           # rewrite the marked blocks
     python -m keras_ddl_tools.render_docs --check   # exit 1 if a block is stale
@@ -23,7 +23,8 @@ import sys
 from . import results as R
 from .rates import parse_rate
 
-DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/topology.md", "docs/untold_network.md")
+DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/topology.md", "docs/untold_network.md",
+        "docs/failures.md")
 BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- /results:(?P=view) -->)", re.S)
 
@@ -353,6 +354,28 @@ def view_fit_layout(result):
     return lines
 
 
+def view_backup_cost(result):
+    """bench backup: what BackupAndRestore(save_freq=N) costs a ResNet-50 step."""
+    head = ["written", "state (MB)", "step (s)", "one backup (s)", "training blocked (s)",
+            "write (s)", "N = 10", "N = 100", "N = 1000"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    names = {"sync": "before training goes on", "background": "in the background"}
+    for r in _rows(result, "backup_cost", ["sync", "background"]):
+        seconds = lambda v: f"{v:.3f}"  # noqa: E731
+        share = lambda v: f"{100 * v:.2g}%"  # noqa: E731
+        lines.append(
+            f"| {names[r['key']]} | {r['state_MB']['median']:.0f} | "
+            f"{_range(r['step_s'], seconds)} | {_range(r['save_s'], seconds)} | "
+            f"{_range(r['blocked_s'], seconds)} | {_range(r['write_s'], seconds)} | "
+            + " | ".join(_range(r[f"per_step@{n}"], share) for n in (10, 100, 1000)) + " |")
+    lines += ["", "\"One backup\" is what one backup adds to training (the steps' time with "
+              "backups every 10 steps, less without, per backup); the N columns are that cost "
+              "as a share of training time at `save_freq = N` (measured at 10, computed from the "
+              "same cost for 100 and 1000, valid while a write takes less than N steps).", "",
+              _source(result)]
+    return lines
+
+
 # name -> (results file, function, keyword arguments). A new results file
 # gets a view here, then a block in README.md or docs/PERFORMANCE.md.
 VIEWS = {
@@ -364,6 +387,7 @@ VIEWS = {
     "fit_1proc.overhead": ("fit_1proc", view_fit_overhead, {}),
     "fit_overlap_2_resnet50.layout": ("fit_overlap_2_resnet50", view_fit_layout, {}),
     "fit_overlap_2_cnn.layout": ("fit_overlap_2_cnn", view_fit_layout, {}),
+    "backup_resnet50.cost": ("backup_resnet50", view_backup_cost, {}),
     # Views ready for results files not made yet (see docs/results/README.md):
     "cluster_2x1_1gbit.allreduce": ("cluster_2x1_1gbit", view_cluster_allreduce, {}),
     "cluster_2x2_1gbit.allreduce": ("cluster_2x2_1gbit", view_cluster_allreduce, {}),

@@ -164,3 +164,68 @@ def test_resnet_zero_gamma_and_kernel_only_decay():
     assert len(model.losses) == sum(isinstance(l, (keras.layers.Conv2D, keras.layers.Dense))
                                     for l in model.layers)
     assert model.output_shape == (None, 5)
+
+
+# ---------------------------------------------------------------- sample positions
+
+def test_rows_of_rank_splits_a_global_batch_as_ddl_strategy_does():
+    assert [data.rows_of_rank(9, r, 2) for r in range(2)] == [(0, 5), (5, 4)]
+    assert [data.rows_of_rank(8, r, 3) for r in range(3)] == [(0, 3), (3, 3), (6, 2)]
+    assert [data.rows_of_rank(12, r, 4) for r in range(4)] == [(0, 3), (3, 3), (6, 3), (9, 3)]
+    with pytest.raises(ValueError, match="bad rank 2 / size 2"):
+        data.rows_of_rank(8, 2, 2)
+
+
+def test_uneven_global_batch_warns_once_with_what_changed(capfd):
+    assert data.warn_uneven_global_batch(10, 4) and data.warn_uneven_global_batch(10, 4)
+    err = capfd.readouterr().err
+    assert err.count("the global batch of 10 rows does not divide over 4 ranks: ranks 0-1 "
+                     "take 3 rows of each step, the others 2. The global batch, the steps per "
+                     "epoch and the learning rate are unchanged") == 1, err
+    assert not data.warn_uneven_global_batch(12, 4)
+
+
+def test_epoch_order_is_a_permutation_of_seed_and_epoch():
+    a = data.epoch_order(50, 3, seed=7).numpy()
+    assert sorted(a) == list(range(50))
+    assert (a == data.epoch_order(50, 3, seed=7).numpy()).all()
+    assert not (a == data.epoch_order(50, 4, seed=7).numpy()).all()
+    assert not (a == data.epoch_order(50, 3, seed=8).numpy()).all()
+    assert list(data.epoch_order(5, 3, shuffle=False).numpy()) == [0, 1, 2, 3, 4]
+
+
+def steps_of(ds, n):
+    return [v.numpy().tolist() for v in ds.take(n)]
+
+
+def test_sample_index_dataset_resumed_at_another_size_sees_each_sample_once():
+    samples, batch = 54, 9
+    order = data.epoch_order(samples, 1, seed=3).numpy().reshape(6, 9).tolist()
+    # 3 ranks from the start of epoch 1: each step's rows, rank by rank, are the order's.
+    three = [steps_of(data.sample_index_dataset(samples, batch, seed=3, start_epoch=1,
+                                                rank=r, size=3), 6) for r in range(3)]
+    assert [sum((three[r][s] for r in range(3)), []) for s in range(6)] == order
+    # Interrupted after 2 steps; 2 ranks take the rest of epoch 1 (5 + 4 rows), then epoch 2.
+    two = [steps_of(data.sample_index_dataset(samples, batch, seed=3, start_epoch=1,
+                                              start_sample=18, rank=r, size=2), 10)
+           for r in range(2)]
+    assert [len(ids) for ids in two[0]] == [5] * 10 and [len(ids) for ids in two[1]] == [4] * 10
+    epoch1 = [i for r in range(3) for ids in three[r][:2] for i in ids] + \
+        [i for r in range(2) for ids in two[r][:4] for i in ids]
+    assert sorted(epoch1) == list(range(samples))
+    epoch2 = [i for r in range(2) for ids in two[r][4:10] for i in ids]
+    assert sorted(epoch2) == list(range(samples))
+    assert two[0][4] + two[1][4] == data.epoch_order(samples, 2, seed=3).numpy()[:9].tolist()
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"num_samples": 0, "global_batch": 1}, "num_samples must be an int >= 1"),
+    ({"num_samples": 5, "global_batch": 6}, "global_batch 6 is larger than the 5 samples"),
+    ({"num_samples": 10, "global_batch": 2, "start_sample": 3},
+     "start_sample 3 is not the start of a step of 2 samples"),
+    ({"num_samples": 10, "global_batch": 2, "start_sample": 10},
+     "start_sample 10 is not the start of a step"),
+])
+def test_sample_index_dataset_bad_arguments_are_named(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        data.sample_index_dataset(rank=0, size=1, **kwargs)

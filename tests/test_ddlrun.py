@@ -144,7 +144,8 @@ def test_the_ddlrun_command_answers_help_without_tensorflow():
     assert listed.stdout.strip() == str(["keras_ddl", "keras_ddl.runner", "keras_ddl.runner.agent",
                                          "keras_ddl.runner.ddlrun",
                                          "keras_ddl.runner.deathwatch",
-                                          "keras_ddl.runner.rank_output",
+                                         "keras_ddl.runner.hosts",
+                                         "keras_ddl.runner.rank_output",
                                           "keras_ddl.runner.settings"])
 
 

@@ -1,126 +1,192 @@
-"""Kill and resume under mpiexec -n 3: a job killed mid-epoch, then killed
-again while writing a backup, ends (after two restarts) with exactly the
-weights and optimizer state of a run that was never interrupted. And on 2
-ranks, ddlrun --max-restarts does the restart itself."""
+"""Kill and resume under ddlrun --max-restarts, with BackupAndRestore(save_freq=5):
 
-import glob
+- 2 ranks: a tf.data fit stopped and an arrays fit killed (SIGKILL of rank
+  1), each at a random batch; the restarted attempt resumes both and ends
+  bitwise equal to uninterrupted runs; a finished run restarted trains
+  nothing.
+- 3 ranks: the same with rank 0 killed in the middle of writing a backup
+  (the half-written one is never read, and is removed), and a
+  Horovod-style script (sample_index_dataset + DistributedOptimizer)
+  stopped at a random batch.
+- 3 -> 2 ranks: those 3-rank backups resumed by 2 ranks, twice each: every
+  sample of the interrupted epoch trained exactly once (the ranks log the
+  sample ids of every step), the two continuations bitwise equal, and a
+  warning that the global batch of 9 splits 5 + 4.
+
+The job is tests/mpi/resume_job.py (54 samples, 6 global batches of 9 an
+epoch, 3 epochs; backups every 5 batches, never at an epoch's end)."""
+
 import os
+import random
 import re
 
-import numpy as np
+import pytest
 
 SCRIPT = "resume_job.py"
-
-
-def launch(launcher, mode, backup_dir, nprocs=3, options=()):
-    # through ddlrun, which names the rank that died first
-    return launcher.ddlrun(nprocs, SCRIPT, mode, str(backup_dir),
-                           options=["--no-prefix-output", *options],
-                           env={"DDL_PEER_TIMEOUT_S": "5"}, timeout=300)
-
-
-def lines(proc, what):
-    """{rank: match} of `RANK r <what ...>` lines."""
-    found = {}
-    for m in re.finditer(rf"^RANK (\d) {what}$", proc.stdout, re.MULTILINE):
-        found[int(m.group(1))] = m
-    return found
+STEPS, GLOBAL, SAVE_FREQ, EPOCHS = 6, 9, 5, 3
+SAMPLES = STEPS * GLOBAL
 
 
 def output(proc):
-    return f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
 
 
-def finals(proc):
-    final = lines(proc, r"FINAL digest=(\w+) iterations=(\d+)")
-    assert set(final) == {0, 1, 2}, output(proc)
-    assert len({m.group(2) for m in final.values()}) == 1, "ranks ended with different state"
-    return final[0].group(2), int(final[0].group(3))
+def job_lines(proc, job, what, nprocs):
+    """{rank: the groups of <what>} of the `RANK r JOB <job> <what>` lines of every rank."""
+    found = {}
+    for m in re.finditer(rf"^RANK (\d) JOB {re.escape(job)} {what}$", proc.stdout, re.M):
+        found[int(m.group(1))] = m.groups()[1:]
+    assert set(found) == set(range(nprocs)), f"{job} {what}:\n{output(proc)}"
+    return found
 
 
-def restored(proc):
-    found = lines(proc, r"RESTORED epoch=(\d+) iterations=(\d+)")
-    assert set(found) == {0, 1, 2}, output(proc)
-    assert len({m.groups()[1:] for m in found.values()}) == 1, output(proc)
-    return tuple(int(g) for g in found[0].groups()[1:])
+def final(proc, job, nprocs, same_on_every_rank=True):
+    """The (digest, iterations) every rank ended with: one pair if every rank
+    holds the same state (DDLStrategy), else {rank: pair} (DistributedOptimizer:
+    each rank keeps its own BatchNorm statistics)."""
+    found = job_lines(proc, job, r"FINAL digest=(\w+) iterations=(\d+)", nprocs)
+    if not same_on_every_rank:
+        return found
+    assert len(set(found.values())) == 1, f"{job}: ranks differ"
+    return found[0]
 
 
-def backups(directory):
-    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(directory, "*")) +
-                  glob.glob(os.path.join(directory, ".partial-*")))
+def restored(proc, job, nprocs):
+    found = job_lines(proc, job, r"RESTORED epoch=(\d+) step=(\d+) iterations=(\d+) "
+                                 r"world=(\d+)", nprocs)
+    assert len(set(found.values())) == 1, f"{job}: ranks differ"
+    return tuple(int(g) for g in found[0])
 
 
-def test_killed_twice_then_resumed_equals_uninterrupted(launcher, tmp_path):
-    steps_per_epoch, epochs = 4, 3
-    straight = launch(launcher, "full", tmp_path / "straight" / "backup")
-    assert straight.returncode == 0, output(straight)
-    assert restored(straight) == (0, 0)
-    digest, iterations = finals(straight)
-    assert iterations == steps_per_epoch * epochs
-    assert backups(tmp_path / "straight" / "backup") == ["epoch-000002", "epoch-000003"]
-
-    # Run 1: rank 1 is killed in the middle of epoch 2; only epoch 1 was backed up.
-    directory = tmp_path / "interrupted" / "backup"
-    killed = launch(launcher, "kill", directory)
-    assert killed.returncode != 0
-    died = re.search(r"^RANK 1 killed at ([\d.]+)$", killed.stdout, re.MULTILINE)
-    assert died and "FINAL" not in killed.stdout, output(killed)
-    assert killed.ended - float(died.group(1)) < 30, "the job outlived its dead rank by 30 s"
-    assert re.search(r"^ddlrun: the job failed \(exit code \d+\); rank 1 on \S+ ended first",
-                     killed.stderr, re.MULTILINE), output(killed)
-    assert backups(directory) == ["epoch-000001"]
-
-    # Run 2: resumes after epoch 1, trains epoch 2, and rank 0 dies while
-    # writing its backup: a half-written partial directory is left behind.
-    killed_saving = launch(launcher, "killsave", directory)
-    assert killed_saving.returncode != 0
-    assert restored(killed_saving) == (1, steps_per_epoch), output(killed_saving)
-    assert "RANK 0 killed while saving" in killed_saving.stdout, output(killed_saving)
-    left = backups(directory)
-    assert left[0] == ".partial-epoch-000002-" + left[0].rsplit("-", 1)[1] and \
-        left[1:] == ["epoch-000001"], left
-
-    # Run 3: the partial backup is ignored (then removed), epoch 1's loads.
-    resumed = launch(launcher, "full", directory)
-    assert resumed.returncode == 0, output(resumed)
-    assert restored(resumed) == (1, steps_per_epoch)
-    assert "removes" in resumed.stderr and ".partial-epoch-000002" in resumed.stderr
-    assert finals(resumed) == (digest, iterations)
-    assert backups(directory) == ["epoch-000002", "epoch-000003"]
-    a = np.load(tmp_path / "straight" / "full.final.npz")
-    b = np.load(tmp_path / "interrupted" / "full.final.npz")
-    for key in a.files:
-        np.testing.assert_array_equal(a[key], b[key])
-
-    # A finished run restarted trains nothing more and keeps its state.
-    again = launch(launcher, "full", directory)
-    assert again.returncode == 0, output(again)
-    assert restored(again) == (epochs, steps_per_epoch * epochs)
-    assert finals(again) == (digest, iterations)
+def position_of(batches):
+    """(epoch, step, iterations) of the backup after `batches` global batches."""
+    return batches // STEPS, batches % STEPS, batches
 
 
-def test_ddlrun_max_restarts_resumes_a_killed_job_to_the_uninterrupted_weights(launcher,
-                                                                                  tmp_path):
-    straight = launch(launcher, "full", tmp_path / "straight" / "backup", nprocs=2)
-    assert straight.returncode == 0, output(straight)
-    # Rank 1 kills itself mid-way through epoch 2 of the first attempt only;
-    # ddlrun relaunches, and the job resumes from the backup of epoch 1.
-    restarted = launch(launcher, "killonce", tmp_path / "restarted" / "backup", nprocs=2,
-                       options=["--max-restarts", "1", "--restart-delay-s", "1"])
-    assert restarted.returncode == 0, output(restarted)
-    assert re.search(r"^RANK 1 killed at [\d.]+$", restarted.stdout, re.MULTILINE), \
-        output(restarted)
+def last_save(batches):
+    """The newest save point at or before the start of global batch `batches`."""
+    return SAVE_FREQ * (batches // SAVE_FREQ)
+
+
+def ddlrun(launcher, nprocs, workdir, *plans):
+    return launcher.ddlrun(nprocs, SCRIPT, str(workdir), *plans,
+                           options=["--no-prefix-output", "--max-restarts", "1",
+                                    "--restart-delay-s", "1"],
+                           env={"DDL_PEER_TIMEOUT_S": "5"}, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(launcher, tmp_path_factory):
+    """The 3-rank job: attempt 0 stops a script fit and a tf.data fit and
+    dies writing an arrays backup; attempt 1 copies the backups for the
+    2-rank resume, then runs straight and resumed fits."""
+    workdir = tmp_path_factory.mktemp("resume")
+    rng = random.Random()
+    stops = {"scr": rng.randrange(SAVE_FREQ, STEPS * EPOCHS),
+             "tf": rng.randrange(1, STEPS * EPOCHS),
+             # the dying save is the first at or after this batch: 10 or 15,
+             # so the backup before it (5 or 10) is within an epoch
+             "arr": rng.randrange(SAVE_FREQ + 1, 3 * SAVE_FREQ + 1)}
+    proc = ddlrun(launcher, 3, workdir,
+                  f"script:scr:stop={stops['scr']}+tfdata:tf:stop={stops['tf']}"
+                  f"+arrays:arr:diewriting={stops['arr']}",
+                  "copy:arr:arr-2a+copy:arr:arr-2b+copy:scr:scr-2a+copy:scr:scr-2b"
+                  "+tfdata:tf-straight+arrays:arr-straight+tfdata:tf+arrays:arr")
+    return workdir, stops, proc
+
+
+@pytest.fixture(scope="module")
+def two_ranks(launcher, three_ranks):
+    """The 2-rank job: attempt 0 stops a tf.data fit and kills an arrays fit
+    (rank 1, SIGKILL); attempt 1 runs straight and resumed fits, then resumes
+    the 3-rank backups twice each."""
+    workdir, _, first = three_ranks
+    assert first.returncode == 0, output(first)
+    rng = random.Random()
+    stops = {"tf2": rng.randrange(1, STEPS * EPOCHS), "arr2": rng.randrange(1, STEPS * EPOCHS)}
+    proc = ddlrun(launcher, 2, workdir,
+                  f"tfdata:tf2:stop={stops['tf2']}+arrays:arr2:kill={stops['arr2']}",
+                  "tfdata:tf2-straight+arrays:arr2-straight+tfdata:tf2+arrays:arr2:again"
+                  "+arrays:arr-2a+arrays:arr-2b+script:scr-2a+script:scr-2b")
+    return workdir, stops, proc
+
+
+def test_killed_at_a_random_batch_resumes_bitwise_on_2_ranks(two_ranks):
+    _, stops, proc = two_ranks
+    note = f"(random batches {stops})"
+    assert proc.returncode == 0, note + output(proc)
+    assert re.search(rf"^RANK 1 JOB arr2 killed at batch {stops['arr2']}$", proc.stdout, re.M), \
+        note
     assert re.search(r"^ddlrun: restart 1 of at most 1: attempt 1 failed \(exit code \d+\); "
-                     r"rank 1 on \S+ ended first \(killed by SIGKILL\).*Time lost: [\d.]+ s",
-                     restarted.stderr, re.MULTILINE), output(restarted)
-    resumed = re.findall(r"^RANK (\d) RESTORED epoch=(\d+) iterations=(\d+)$",
-                         restarted.stdout, re.MULTILINE)
-    assert sorted(resumed) == [("0", "0", "0"), ("0", "1", "4"), ("1", "0", "0"),
-                               ("1", "1", "4")], output(restarted)
-    assert lines(restarted, r"FINAL digest=(\w+) iterations=(\d+)")[0].group(1) == \
-        lines(straight, r"FINAL digest=(\w+) iterations=(\d+)")[0].group(1)
-    a = np.load(tmp_path / "straight" / "full.final.npz")
-    b = np.load(tmp_path / "restarted" / "killonce.final.npz")
-    assert a.files == b.files
-    for key in a.files:
-        np.testing.assert_array_equal(a[key], b[key])
+                     r"rank 1 on \S+ ended first \(killed by SIGKILL\)", proc.stderr, re.M), \
+        note + output(proc)
+    for job, at in stops.items():
+        # Attempt 0 started fresh; attempt 1 resumed from the last save.
+        resumes = re.findall(rf"^RANK 0 JOB {job} RESTORED (.*)$", proc.stdout, re.M)
+        assert resumes[0] == "epoch=0 step=0 iterations=0 world=2", note
+        epoch, step, iterations = position_of(last_save(at))
+        assert resumes[1] == f"epoch={epoch} step={step} iterations={iterations} world=2", \
+            f"{job} {note}\n{output(proc)}"
+        assert final(proc, job, 2) == final(proc, f"{job}-straight", 2), f"{job} {note}"
+    assert final(proc, "arr2", 2)[1] == str(STEPS * EPOCHS)
+
+
+def test_killed_while_writing_resumes_bitwise_on_3_ranks(three_ranks):
+    _, stops, proc = three_ranks
+    note = f"(random batches {stops})"
+    assert proc.returncode == 0, note + output(proc)
+    assert "RANK 0 JOB arr killed while saving" in proc.stdout, note + output(proc)
+    # The half-written backup is not read: the one before it is, then the
+    # next save removes the partial directory.
+    died = SAVE_FREQ * -(-stops["arr"] // SAVE_FREQ)
+    resumes = re.findall(r"^RANK 0 JOB arr RESTORED (.*)$", proc.stdout, re.M)
+    epoch, step, iterations = position_of(died - SAVE_FREQ)
+    assert resumes[1] == f"epoch={epoch} step={step} iterations={iterations} world=3", \
+        note + output(proc)
+    assert re.search(rf"BackupAndRestore removes \S+/arr/\.partial-epoch-{died // STEPS:06d}-"
+                     rf"step-{died % STEPS:09d}-\d+, left by an interrupted save", proc.stderr), \
+        note + output(proc)
+    for job in ("tf", "arr"):
+        assert final(proc, job, 3) == final(proc, f"{job}-straight", 3), f"{job} {note}"
+
+
+def read_ids(path):
+    """[(step, [ids])] of one rank's log."""
+    with open(path) as f:
+        return [(int(line.split()[0]), [int(v) for v in line.split()[1:]]) for line in f]
+
+
+def test_resumed_by_2_ranks_every_sample_of_the_interrupted_epoch_once(three_ranks,
+                                                                      two_ranks):
+    workdir, stops, _ = three_ranks
+    _, _, proc = two_ranks
+    note = f"(random batches of the 3-rank job {stops})"
+    assert proc.returncode == 0, note + output(proc)
+    assert re.search(r"the global batch of 9 rows does not divide over 2 ranks \(the "
+                     r"backup's, written by 3 ranks\): rank 0 takes 5 rows of each step, the "
+                     r"others 4", proc.stderr), note + output(proc)
+    for kind, three_rank_job in (("arr", "arr"), ("scr", "scr")):
+        a, b = restored(proc, f"{kind}-2a", 2), restored(proc, f"{kind}-2b", 2)
+        assert a == b and a[3] == 3, f"{kind} {note}"
+        epoch, step, iterations = a[:3]
+        assert 0 < step < STEPS, f"{kind}: the backup is not within an epoch {note}"
+        # The two 2-rank continuations of one backup are bitwise equal, and
+        # train the same samples at the same steps.
+        assert final(proc, f"{kind}-2a", 2, kind == "arr") == \
+            final(proc, f"{kind}-2b", 2, kind == "arr"), f"{kind} {note}"
+        logs_a = [read_ids(workdir / f"{kind}-2a.ids.{r}") for r in range(2)]
+        logs_b = [read_ids(workdir / f"{kind}-2b.ids.{r}") for r in range(2)]
+        assert logs_a == logs_b, f"{kind} {note}"
+        # The interrupted epoch: its steps before the backup by 3 ranks (the
+        # attempt that was interrupted), the rest by 2.
+        before = [ids for r in range(3)
+                  for s, ids in read_ids(workdir / f"{three_rank_job}.ids.{r}")
+                  if epoch * STEPS <= s < iterations]
+        after = [ids for r in range(2) for s, ids in logs_a[r] if s < (epoch + 1) * STEPS]
+        assert sorted(sum(before + after, [])) == list(range(SAMPLES)), \
+            f"{kind}: the interrupted epoch {epoch} (3 ranks to step {step}) {note}"
+        assert [len(ids) for s, ids in logs_a[0]] == [5] * len(logs_a[0])  # rows 5 + 4
+        # Each later epoch, at 2 ranks, takes every sample once too.
+        for later in range(epoch + 1, EPOCHS):
+            ids = [i for r in range(2) for s, v in logs_a[r] if s // STEPS == later for i in v]
+            assert sorted(ids) == list(range(SAMPLES)), f"{kind} epoch {later} {note}"

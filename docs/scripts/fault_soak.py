@@ -2,6 +2,7 @@
 person acting, and ends with the weights of an uninterrupted run.
 
     sudo python docs/scripts/fault_soak.py [--runs 3] [--seed 1] [--epochs 60]
+        [--lost-node-runs 1] [--lost-node-epochs 20] [--baselines 3]
 
 Two nodes x two ranks train docs/scripts/soak_train.py under
 ``ddlrun --max-restarts`` (DDL_PEER_TIMEOUT_S=5), backing up to a small
@@ -18,8 +19,22 @@ moments, each once the job trains again after the previous one:
 Then the job must finish on its own, with weights and optimizer state
 bitwise equal to an uninterrupted run of the same job on the same cluster.
 Prints one table per run (fault, phase hit, time to detection, time lost,
-outcome) and exits non-zero if any run failed. Needs root (namespaces,
-tmpfs); not part of the test suite.
+outcome).
+
+First, a node lost for good (``--lost-node-runs``, each with its own seed):
+three nodes x one rank train tests/mpi/elastic_job.py (a backup every 2
+steps) under ``ddlrun --min-np 2 --max-restarts 2``, and node3's link is
+cut at a random step (one whose last complete backup is within an epoch)
+and never restored. The job
+must go on with node1 and node2 and finish; the interrupted epoch must see
+every sample once; the run must end bitwise equal to a fresh 2-node run
+from the backup it resumed from; and its final loss must be off the
+uninterrupted 2-node run of its seed by less than the spread of
+``--baselines`` uninterrupted 2-node runs (seeds from --seed).
+Prints one table (ddlrun's account of the time lost included).
+
+Exits non-zero if any run failed. Needs root (namespaces, tmpfs); not part
+of the test suite.
 """
 
 import argparse
@@ -38,22 +53,35 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "soak_train.py")
+# The job that loses a node, the suite's own (tests/test_elastic_cluster.py),
+# and its shape.
+LOST_NODE_JOB = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "mpi",
+                             "elastic_job.py")
+LOST_NODE_SAMPLES, LOST_NODE_STEPS_PER_EPOCH = 48, 8
 PEER_TIMEOUT_S = 5
 FAULTS = ["kill9", "cut_link", "sigstop", "slow_link", "full_disk"]
 EXPECTED = {"slow_link": "no restart"}  # every other fault: "restarted"
 
 
+def ddlrun_argv(cluster, hosts, ranks_per_node, options, command):
+    """ddlrun on ``hosts`` of the cluster, ``ranks_per_node`` each."""
+    return [sys.executable, "-m", "keras_ddl_launcher", "-np", str(len(hosts) * ranks_per_node),
+            "-H", ",".join(f"{h}:{ranks_per_node}" for h in hosts),
+            "--launcher-exec", cluster.standin, "--iface", cluster.bridge, *options, *command]
+
+
+def soak_argv(cluster, backup_dir, epochs, result, max_restarts):
+    options = ["--max-restarts", str(max_restarts), "--restart-delay-s", "2"] \
+        if max_restarts else []
+    return ddlrun_argv(cluster, cluster.hosts, 2, options,
+                       [sys.executable, TRAIN, backup_dir, str(epochs), result])
+
+
 class Job:
     """One ddlrun launch on the cluster; its output lines, with arrival times."""
 
-    def __init__(self, cluster, backup_dir, epochs, result, max_restarts):
+    def __init__(self, argv):
         from keras_ddl_tools.cluster import MPI_ENV
-        argv = [sys.executable, "-m", "keras_ddl_launcher", "-np", "4",
-                "-H", ",".join(f"{h}:2" for h in cluster.hosts),
-                "--launcher-exec", cluster.standin, "--iface", cluster.bridge]
-        if max_restarts:
-            argv += ["--max-restarts", str(max_restarts), "--restart-delay-s", "2"]
-        argv += [sys.executable, TRAIN, backup_dir, str(epochs), result]
         env = dict(os.environ, **MPI_ENV, DDL_PEER_TIMEOUT_S=str(PEER_TIMEOUT_S),
                    TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1")
         self.lines = []  # (time, text)
@@ -183,7 +211,7 @@ def soak(cluster, workdir, epochs, seed, reference):
     rows = []
     try:
         result = os.path.join(workdir, f"soak-{seed}.npz")
-        job = Job(cluster, os.path.join(mount, "b"), epochs, result, max_restarts=10)
+        job = Job(soak_argv(cluster, os.path.join(mount, "b"), epochs, result, max_restarts=10))
         faults = FAULTS[:]
         rng.shuffle(faults)
         for fault in faults:
@@ -225,20 +253,160 @@ def print_table(seed, rows, code, same):
     sys.stdout.flush()
 
 
+# -- a node lost for good ----------------------------------------------------
+
+def lost_node_argv(cluster, hosts, work, seed, epochs, elastic):
+    options = ["--min-np", str(len(hosts) - 1), "--max-restarts", "2",
+               "--restart-delay-s", "2"] if elastic else []
+    return ddlrun_argv(cluster, hosts, 1, options,
+                       [sys.executable, LOST_NODE_JOB, work, str(seed), str(epochs)])
+
+
+def final_loss(job):
+    found = [float(m.group(1)) for _, text in job.lines
+             for m in [re.search(r"\] FINAL loss=(\S+)$", text)] if m]
+    return found[-1] if found else None
+
+
+def covered_once(work, resumed_step):
+    """The interrupted epoch's samples, from the first attempt's steps up
+    to the backup and the second attempt's after it, are each seen once."""
+    epoch, ids = resumed_step // LOST_NODE_STEPS_PER_EPOCH, []
+    for name in os.listdir(work):
+        if not name.startswith("samples-"):
+            continue
+        with open(os.path.join(work, name)) as f:
+            for line in f:
+                attempt, e, step, *row = map(int, line.split())
+                if e == epoch and (attempt == 0 and step <= resumed_step or
+                                   attempt == 1 and step > resumed_step):
+                    ids += row
+    return sorted(ids) == list(range(LOST_NODE_SAMPLES))
+
+
+def lost_node(cluster, workdir, seed, epochs, rng):
+    """One 3-node job that loses node3 (its link cut, never restored) at a
+    random step; returns a table row."""
+    work = os.path.join(workdir, f"lost-{seed}")
+    os.makedirs(work)
+    total = epochs * LOST_NODE_STEPS_PER_EPOCH
+    # Cut after step s: the backup of step s - 1 (odd s) or s - 2 (even s: the
+    # backup of s is gathered when step s + 1 begins, after the cut) is the
+    # last complete one, and it must be within an epoch.
+    cut_at = rng.choice([s for s in range(LOST_NODE_STEPS_PER_EPOCH + 1, total - 4)
+                         if s % LOST_NODE_STEPS_PER_EPOCH not in (1, 2)])
+    job = Job(lost_node_argv(cluster, cluster.hosts, work, seed, epochs, elastic=True))
+    try:
+        while job.proc.poll() is None and not any(
+                text == f"[0] STEP {cut_at}" for _, text in job.since(0)):
+            time.sleep(0.05)
+        cluster.set_link(2, False)
+        code = job.proc.wait(timeout=900)
+    finally:
+        cluster.kill_processes(2)
+        cluster.set_link(2, True)
+    text = "\n".join(t for _, t in job.lines)
+    left_out = re.search(r"^ddlrun: node3 is left out of the next attempts: .*$", text, re.M)
+    lost = re.search(r"^ddlrun: back at step \d+, .*: ([\d.]+) s lost to the fault = ([\d.]+) s "
+                     r"to detect it and end the attempt \+ ([\d.]+) s to relaunch and resume "
+                     r"from step (\d+) \+ ([\d.]+) s to redo (\d+) step", text, re.M)
+    resumed = int(lost.group(4)) if lost else None
+    same = False
+    if code == 0 and resumed is not None:
+        fresh = os.path.join(workdir, f"fresh-{seed}")
+        shutil.copytree(os.path.join(work, "resumed-backup"), os.path.join(fresh, "backup"))
+        again = Job(lost_node_argv(cluster, cluster.hosts[:2], fresh, seed, epochs, False))
+        same = again.proc.wait(timeout=900) == 0 and arrays_equal(
+            os.path.join(work, "final.npz"), os.path.join(fresh, "final.npz"))
+    return {"seed": seed, "cut": cut_at, "code": code, "left_out": bool(left_out),
+            "resumed": resumed, "lost": lost.groups() if lost else None,
+            "once": resumed is not None and covered_once(work, resumed), "same": same,
+            "loss": final_loss(job), "job": job}
+
+
+def lost_node_soak(args, workdir):
+    """Uninterrupted 2-node runs (seeds from --seed: the run-to-run spread of
+    the final loss), then --lost-node-runs 3-node runs that lose node3, with
+    the first seeds. A run passes if, besides finishing as it should, its
+    final loss is off its seed's uninterrupted 2-node run by less than the
+    spread of the uninterrupted runs: the fault moves it less than a new
+    seed does."""
+    from keras_ddl_tools.cluster import NetnsCluster
+    cluster = NetnsCluster(3, "1gbit").up()
+    rng = random.Random(args.seed)
+    try:
+        losses = {}
+        for seed in range(args.seed, args.seed + args.baselines):
+            work = os.path.join(workdir, f"baseline-{seed}")
+            os.makedirs(work)
+            job = Job(lost_node_argv(cluster, cluster.hosts[:2], work, seed,
+                                     args.lost_node_epochs, False))
+            if job.proc.wait(timeout=900) == 0:
+                losses[seed] = final_loss(job)
+        print(f"\nuninterrupted 2-node runs, final loss by seed: {losses}")
+        rows = [lost_node(cluster, workdir, args.seed + i, args.lost_node_epochs, rng)
+                for i in range(args.lost_node_runs)]
+    finally:
+        cluster.down()
+    spread = max(losses.values()) - min(losses.values()) if len(losses) > 1 else None
+    print(f"run-to-run spread of the final loss over {len(losses)} uninterrupted 2-node runs: "
+          f"{min(losses.values(), default=None)} to {max(losses.values(), default=None)}")
+    print("| seed | cut at step | resumed from step | time lost (detect + relaunch + redo) "
+          "| steps redone | epoch seen once | bitwise = fresh 2-node run from that backup "
+          "| final loss | same seed, uninterrupted 2-node | difference |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    passed = 0
+    for row in rows:
+        lost = row["lost"]
+        same_seed = losses.get(row["seed"])
+        off = abs(row["loss"] - same_seed) if None not in (row["loss"], same_seed) else None
+        ok = row["code"] == 0 and row["left_out"] and row["once"] and row["same"] and \
+            off is not None and spread is not None and off < spread
+        passed += ok
+        print(f"| {row['seed']} | {row['cut']} | {row['resumed']} | "
+              + (f"{lost[0]} s ({lost[1]} + {lost[2]} + {lost[4]})" if lost else "-")
+              + f" | {lost[5] if lost else '-'} | {row['once']} | {row['same']} | {row['loss']} "
+              f"| {same_seed} | {off if off is None else f'{off:.2g}'} |")
+        log = os.path.join(args.log_dir, f"fault_soak-lost-node-seed-{row['seed']}.log")
+        with open(log, "w") as f:
+            f.writelines(f"{when:.3f} {text}\n" for when, text in row["job"].lines)
+    sys.stdout.flush()
+    return passed
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seed", type=int, default=1, help="seed of the first run (then +1 each)")
     p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--lost-node-runs", type=int, default=1,
+                   help="3-node runs that lose node3 for good (0: none)")
+    p.add_argument("--lost-node-epochs", type=int, default=20)
+    p.add_argument("--baselines", type=int, default=3,
+                   help="uninterrupted 2-node runs (seeds from --seed) that give the final "
+                        "loss's run-to-run spread")
     p.add_argument("--log-dir", default=".", help="where each run's output is kept")
     args = p.parse_args()
+    if args.lost_node_runs > args.baselines:
+        p.error("--baselines must be at least --lost-node-runs: each lost-node run is "
+                "compared with the uninterrupted run of its seed")
     from keras_ddl_tools.cluster import NetnsCluster
+    passed = lost_passed = 0
+    if args.lost_node_runs:
+        workdir = tempfile.mkdtemp(prefix="fault_soak_")
+        try:
+            lost_passed = lost_node_soak(args, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print(f"\n{lost_passed} of {args.lost_node_runs} lost-node runs passed")
+    if not args.runs:
+        return 0 if lost_passed == args.lost_node_runs else 1
     cluster = NetnsCluster(2, "1gbit").up()
     workdir = tempfile.mkdtemp(prefix="fault_soak_")
-    passed = 0
     try:
         reference = os.path.join(workdir, "reference.npz")
-        ref = Job(cluster, os.path.join(workdir, "reference-backup"), args.epochs, reference, 0)
+        ref = Job(soak_argv(cluster, os.path.join(workdir, "reference-backup"), args.epochs,
+                            reference, 0))
         if ref.proc.wait(timeout=900) != 0:
             print("the uninterrupted run failed:\n" + "\n".join(t for _, t in ref.lines[-40:]))
             return 1
@@ -256,7 +424,7 @@ def main():
         cluster.down()
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"\n{passed} of {args.runs} soak runs passed")
-    return 0 if passed == args.runs else 1
+    return 0 if passed == args.runs and lost_passed == args.lost_node_runs else 1
 
 
 if __name__ == "__main__":

@@ -51,12 +51,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     At the start of training it broadcasts `model.variables` (and the
     optimizer's variables, if the optimizer is built already). Keras builds
-    the optimizer's slots lazily, in the first training step, so once the
-    first batch is done it broadcasts the model's and optimizer's variables
-    again (at the beginning of the second batch, or at the end of the epoch
-    if there is only one). From then on the model and optimizer variables
-    are the root's on every rank; a `DistributedOptimizer` keeps them
-    identical afterwards.
+    the optimizer's slots lazily, in the first training step, so if the
+    optimizer was not built at the start, once the first batch is done it
+    broadcasts the model's and optimizer's variables again (at the
+    beginning of the second batch, or at the end of the epoch if there is
+    only one). From then on the model and optimizer variables are the
+    root's on every rank; a `DistributedOptimizer` keeps them identical
+    afterwards. (After a `BackupAndRestore` listed before it, which builds
+    the optimizer and restores every rank's own state, the one broadcast at
+    the start is all: a resumed run then goes on as the uninterrupted run
+    did.)
 
     Non-trainable state that each rank updates from its own data (e.g.
     BatchNormalization moving statistics) is only equal at those two
@@ -82,8 +86,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         broadcast_variables(_model_state(self.model, self._local_ids), root_rank=self.root_rank)
 
     def on_train_begin(self, logs=None):
+        optimizer = getattr(self.model, "optimizer", None)
         self.broadcast()
-        self._after_first_batch = True
+        self._after_first_batch = optimizer is not None and not optimizer.built
         self._batch_started = False
 
     def _first_batch_done(self):

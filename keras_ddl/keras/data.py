@@ -19,10 +19,26 @@ Each rank reads the files ``files[rank::size]`` (at least one file per
 rank), decodes in parallel, applies random-resized-crop + horizontal flip
 (training) or resize + center crop (evaluation), batches (``batch_size``
 is the per-rank batch) and prefetches.
+
+Sample positions, for inputs that must survive a restart at another world
+size (see ``keras_ddl.keras.checkpoint``): ``epoch_order`` is the global order
+of an epoch's samples (a permutation of ``(seed, epoch)``), ``rows_of_rank``
+is the rank's share of a global batch (DDLStrategy's split), and
+``sample_index_dataset`` gives a rank the sample indices of every step from a
+backup's position on, so that the interrupted epoch sees each of its samples
+once whatever the world size of either run:
+
+```python
+backup = ddl.callbacks.BackupAndRestore("/shared/run1/backup", save_freq=100)
+ds = ddl.data.sample_index_dataset(len(x), global_batch=256, seed=1, backup=backup)
+ds = ds.map(lambda i: (tf.gather(x, i), tf.gather(y, i)))
+model.fit(ds, epochs=90, steps_per_epoch=len(x) // 256, callbacks=[backup, ...])
+```
 """
 
 import glob
 import os
+import sys
 
 import tensorflow as tf
 
@@ -187,3 +203,122 @@ def synthetic_dataset(image_size, num_classes, batch, dtype=tf.float32, seed=0):
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+# ---------------------------------------------------------------- sample positions
+
+def rows_of_rank(global_batch, rank=None, size=None):
+    """``(first_row, rows)`` of a rank's share of a global batch.
+
+    The rule every keras_ddl input follows (DDLStrategy's split of a global
+    batch, ``sample_index_dataset``, the arrays ``fit`` is given under a
+    ``BackupAndRestore``): contiguous rows, as even as possible, the first
+    ``global_batch % size`` ranks taking one row more.
+    """
+    rank, size = _rank_size(rank, size)
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"keras_ddl.data: bad rank {rank} / size {size}")
+    base, extra = divmod(int(global_batch), size)
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+_uneven_warned = set()
+
+
+def warn_uneven_global_batch(global_batch, size=None, why=""):
+    """Prints, once per (global batch, size), what happens when a global
+    batch does not divide over the ranks: the global batch, the steps per
+    epoch and the learning rate stay; the first ``global_batch % size``
+    ranks take one row more of each step. Returns True if it does not divide."""
+    _, size = _rank_size(0, size)
+    base, extra = divmod(int(global_batch), size)
+    if not extra:
+        return False
+    if (global_batch, size) not in _uneven_warned:
+        _uneven_warned.add((global_batch, size))
+        from ..common import basics
+        more = f"ranks 0-{extra - 1} take" if extra > 1 else "rank 0 takes"
+        sys.stderr.write(
+            f"[keras_ddl] rank {basics.rank()}: the global batch of {global_batch} rows does not "
+            f"divide over {size} ranks{why}: {more} {base + 1} rows of each step, the "
+            f"others {base}. The global batch, the steps per epoch and the learning rate are "
+            f"unchanged; each rank's mean loss counts equally, so a sample on a rank with "
+            f"{base} rows weighs {base + 1}/{base} of one on a rank with {base + 1}.\n")
+        sys.stderr.flush()
+    return True
+
+
+def _positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"keras_ddl.data: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def epoch_order(num_samples, epoch, seed=0, shuffle=True):
+    """The order of an epoch's samples: an int64 tensor, a permutation of
+    ``range(num_samples)`` that depends on ``(seed, epoch)`` only (the same
+    in every process and at every world size; TensorFlow's stateless
+    shuffle). ``shuffle=False``: in order."""
+    num_samples = _positive_int("num_samples", num_samples)
+    order = tf.range(num_samples, dtype=tf.int64)
+    if shuffle is True:
+        seed_pair = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
+        order = tf.random.experimental.stateless_shuffle(order, seed=seed_pair)
+    return order
+
+
+def sample_index_dataset(num_samples, global_batch, seed=0, shuffle=True, backup=None,
+                         start_epoch=0, start_sample=0, rank=None, size=None):
+    """This rank's sample indices, step after step, epoch after epoch.
+
+    Epoch ``e`` takes its samples in ``epoch_order(num_samples, e, seed,
+    shuffle)``, ``num_samples // global_batch`` steps of ``global_batch``
+    (the remainder is left out of that epoch); each element is the int64
+    vector of this rank's rows of one step (``rows_of_rank``). The dataset
+    is endless: give ``fit`` ``steps_per_epoch=num_samples // global_batch``.
+    It is already this rank's share (auto-sharding off), so DDLStrategy
+    takes it as the per-replica batch.
+
+    Args:
+        num_samples: Samples in the data set.
+        global_batch: Samples per step over all ranks; it must not change
+            between a backup and its resume.
+        seed: Seed of every epoch's order (with the epoch).
+        shuffle: Shuffle each epoch (True) or take the samples in order.
+        backup: A ``keras_ddl.callbacks.BackupAndRestore``: start at its
+            resume position (``resume_position()``) and tell it that the
+            input is positioned by construction, so it saves no iterator
+            state. The backup may have been written at another world size.
+        start_epoch, start_sample: Where to start when ``backup`` is None
+            (``start_sample`` a multiple of ``global_batch``).
+        rank, size: Which share; default ``keras_ddl.rank()/size()``.
+    """
+    num_samples = _positive_int("num_samples", num_samples)
+    global_batch = _positive_int("global_batch", global_batch)
+    steps = num_samples // global_batch
+    if steps < 1:
+        raise ValueError(f"keras_ddl.data: global_batch {global_batch} is larger than the "
+                         f"{num_samples} samples")
+    if backup is not None:
+        position = backup.use_positioned_input(global_batch)
+        start_epoch, start_sample = position.epoch, position.samples
+    start_epoch = _positive_int("start_epoch", start_epoch, 0)
+    start_sample = _positive_int("start_sample", start_sample, 0)
+    if start_sample % global_batch or start_sample >= steps * global_batch:
+        raise ValueError(f"keras_ddl.data: start_sample {start_sample} is not the start of a "
+                         f"step of {global_batch} samples within the {steps * global_batch} "
+                         "samples of an epoch")
+    rank, size = _rank_size(rank, size)
+    first_row, rows = rows_of_rank(global_batch, rank, size)
+    warn_uneven_global_batch(global_batch, size)
+
+    def epoch_steps(epoch):
+        order = epoch_order(num_samples, epoch, seed, shuffle)[:steps * global_batch]
+        mine = tf.reshape(order, [steps, global_batch])[:, first_row:first_row + rows]
+        first_step = tf.where(epoch == start_epoch, start_sample // global_batch, 0)
+        return tf.data.Dataset.from_tensor_slices(mine[first_step:])
+
+    ds = tf.data.Dataset.range(start_epoch, 2 ** 62).flat_map(epoch_steps)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)

@@ -5,7 +5,9 @@ in place of ``CMD...``. The agent connects back to ddlrun over TCP, says who
 it is (rank from the launcher's environment, host, pid, and the job's token
 from DDLRUN_TOKEN), waits for ddlrun's yes, then starts CMD with its stdout
 and stderr on pipes and sends what CMD writes to ddlrun, which prints it as
-whole lines. When CMD ends, the agent reports how (exit code or signal) at
+whole lines. A third pipe, named to CMD by DDLRUN_PROGRESS_FD, carries the
+training's progress (steps done, backups written) to ddlrun, which uses it
+to measure the time a fault cost. When CMD ends, the agent reports how (exit code or signal) at
 once, before the launcher even learns of it, so ddlrun can name the rank
 that ended first on any host. The agent then ends the same way CMD did, so
 the launcher sees what it would have seen without the agent. CMD stays in
@@ -32,11 +34,15 @@ import sys
 import time
 
 # Wire format, agent -> ddlrun: frames of (1-byte kind, 4-byte big-endian
-# length, payload). HELLO and EXIT carry JSON; STDOUT and STDERR raw bytes.
+# length, payload). HELLO and EXIT carry JSON; STDOUT, STDERR and PROGRESS
+# raw bytes (PROGRESS: the lines CMD writes to its progress pipe).
 HEADER = struct.Struct("!cI")
-HELLO, STDOUT, STDERR, EXIT = b"H", b"O", b"E", b"X"
+HELLO, STDOUT, STDERR, EXIT, PROGRESS = b"H", b"O", b"E", b"X", b"P"
 ACCEPTED = b"K"  # ddlrun -> agent, once, after a hello with the job's token
 TOKEN_VARIABLE = "DDLRUN_TOKEN"
+# CMD's end of the progress pipe, as "FD:INODE" (keras_ddl/common/
+# launcher_progress.py writes to it only if FD is still that pipe).
+PROGRESS_VARIABLE = "DDLRUN_PROGRESS_FD"
 # The rank as each launcher tells it: MPICH hydra, Open MPI, PMIx, Slurm.
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 CONNECT_TIMEOUT_S = 10.0
@@ -142,6 +148,10 @@ def run(address, command):
         sys.stderr.flush()
         os.execvp(command[0], command)
     channel = Channel(sock)
+    # How far training got, for ddlrun's account of the time a fault cost.
+    progress_read, progress_write = os.pipe()
+    os.set_inheritable(progress_write, True)
+    os.environ[PROGRESS_VARIABLE] = f"{progress_write}:{os.fstat(progress_write).st_ino}"
     try:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  close_fds=False, preexec_fn=_die_with_parent)
@@ -150,23 +160,27 @@ def run(address, command):
         channel.send(EXIT, json.dumps({"returncode": 127}).encode())
         channel.close()
         return 127
+    finally:
+        os.close(progress_write)
     # The launchers signal the rank's whole process group (CMD is in the
     # agent's): the agent only has to outlive the signal to report the end.
     for signum in SURVIVED_SIGNALS:
         signal.signal(signum, _survive)
-    returncode = relay(child, channel)
+    returncode = relay(child, channel, progress_read)
     channel.close()
+    os.close(progress_read)
     return returncode
 
 
-def relay(child, channel):
-    """Sends CMD's output until it ends; reports the end the moment it
-    happens (pidfd), then drains what is left in the pipes."""
+def relay(child, channel, progress_fd):
+    """Sends CMD's output and progress until it ends; reports the end the
+    moment it happens (pidfd), then drains what is left in the pipes."""
     sel = selectors.DefaultSelector()
-    for pipe, kind in ((child.stdout, STDOUT), (child.stderr, STDERR)):
-        os.set_blocking(pipe.fileno(), False)
-        sel.register(pipe.fileno(), selectors.EVENT_READ, kind)
-    pipes = 2
+    for fd, kind in ((child.stdout.fileno(), STDOUT), (child.stderr.fileno(), STDERR),
+                     (progress_fd, PROGRESS)):
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ, kind)
+    pipes = 3
     pidfd = os.pidfd_open(child.pid) if hasattr(os, "pidfd_open") else None
     if pidfd is not None:
         sel.register(pidfd, selectors.EVENT_READ, EXIT)

@@ -4,6 +4,7 @@
     ddlrun -np 8 -H node1:4,node2:4 --hierarchical python train.py
     ddlrun -np 16 --hostfile hosts.txt --fusion-threshold-mb 32 python train.py
     ddlrun -np 4 -H node1:2,node2:2 --launcher-exec ./my-ssh --iface eth1 -l python train.py
+    ddlrun -np 8 --min-np 4 --max-restarts 5 --host-discovery-script ./hosts.sh python train.py
 
 It builds an ``mpiexec`` command line for the installed MPI (MPICH's hydra
 or Open MPI, found next to this Python first), exports the DDL_* settings to
@@ -30,11 +31,15 @@ long lines), and when the job fails it names the rank that ended first and
 its host (``rank 3 on node2 ended first (killed by SIGKILL)``), wherever it
 ran. An agent that cannot reach ddlrun runs its rank without it, with a
 warning. ``ddlrun`` (the command) does not import TensorFlow.
+
+``--max-restarts N`` relaunches a failed job (restart.py); with
+``--min-np``, ``--max-np`` or ``--host-discovery-script`` each relaunch
+runs on the hosts that are left, without those found to blame for the
+failure (elastic.py).
 """
 
 import argparse
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -46,9 +51,10 @@ import threading
 
 from .agent import TOKEN_VARIABLE
 from .deathwatch import DeathWatch
+from .hosts import (DiscoveryScript, UsageError, hostfile_items, is_this_host, launch_check,
+                    parse_hosts, split_racks, topology_env)
 from . import settings
 
-HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 # With these set, mpiexec may place ranks on other hosts without -H.
 ALLOCATION_VARIABLES = ("HYDRA_HOST_FILE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID",
@@ -63,10 +69,6 @@ OPENMPI_EXPORT_NAMES = ("PATH", "LD_LIBRARY_PATH", TOKEN_VARIABLE, "DDLRUN_RESTA
 DEFAULT_RESTART_DELAY_S = 3.0
 
 
-class UsageError(ValueError):
-    pass
-
-
 def build_parser():
     p = argparse.ArgumentParser(
         prog="ddlrun", description="Launch a keras_ddl training script on N processes.",
@@ -75,12 +77,18 @@ def build_parser():
                "[--launcher-exec PATH] [--iface NAME] -l python train.py; if the job fails, "
                "ddlrun names the rank that ended first and its host.")
     p.add_argument("-np", "--num-proc", type=int, required=True, dest="np",
-                   help="total number of processes (ranks)")
+                   help="total number of processes (ranks); with --min-np, --max-np or "
+                        "--host-discovery-script, the slots the job needs to start (it runs "
+                        "on as many as --max-np allows)")
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="comma-separated host[:slots][@rack] list (racks: "
                                               "docs/topology.md)")
     hosts.add_argument("--hostfile", help="file with one host[:slots][@rack] per line (or a "
                                           "rack=NAME column)")
+    hosts.add_argument("--host-discovery-script", metavar="PATH",
+                       help="executable that prints the hosts available now, one host[:slots] "
+                            "per line (horovodrun's contract); run at start and before every "
+                            "restart (with --max-restarts)")
     p.add_argument("--fusion-threshold-mb", type=float,
                    help="largest fused allreduce batch in MB (DDL_FUSION_THRESHOLD_MB)")
     p.add_argument("--cycle-time-ms", type=float, help="negotiation cycle (DDL_CYCLE_TIME_MS)")
@@ -128,6 +136,15 @@ def add_restart_options(p):
     p.add_argument("--restart-delay-s", type=float, metavar="S",
                    help=f"seconds between a failed attempt and the next (default "
                         f"{DEFAULT_RESTART_DELAY_S:g})")
+    p.add_argument("--min-np", "--min-num-proc", type=int, metavar="N", dest="min_np",
+                   help="with --max-restarts: restart on the hosts that are left, leaving out "
+                        "hosts found to blame for a failure, while they hold at least N slots "
+                        "(default: -np)")
+    p.add_argument("--max-np", "--max-num-proc", type=int, metavar="M", dest="max_np",
+                   help="with --max-restarts: at most M ranks when a restart finds more slots "
+                        "(default: -np)")
+    p.add_argument("--slots-per-host", type=int, metavar="K",
+                   help="slots of a host the discovery script lists without :slots (default 1)")
 
 
 def validate_restarts(args):
@@ -142,84 +159,70 @@ def validate_restarts(args):
                          f"{args.restart_delay_s}")
 
 
-def run_restarting(args, env, hosts):
+def is_elastic(args):
+    return (args.min_np is not None or args.max_np is not None
+            or args.host_discovery_script is not None)
+
+
+def validate_elastic(args):
+    """Checks --min-np, --max-np, --slots-per-host and their company;
+    fills in their defaults (-np)."""
+    if args.slots_per_host is not None:
+        if args.host_discovery_script is None:
+            raise UsageError("--slots-per-host applies with --host-discovery-script only")
+        if args.slots_per_host < 1:
+            raise UsageError(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
+    if not is_elastic(args):
+        return
+    flags = "--min-np, --max-np and --host-discovery-script"
+    if args.max_restarts < 1:
+        raise UsageError(f"{flags} apply with --max-restarts N (N >= 1): they choose the hosts "
+                         "of each restart")
+    if args.launcher != "mpiexec":
+        raise UsageError(f"{flags} apply with --launcher mpiexec only (srun places the tasks "
+                         "itself)")
+    if args.hosts is None and args.hostfile is None and args.host_discovery_script is None:
+        raise UsageError("--min-np and --max-np need the hosts to choose from: -H, --hostfile "
+                         "or --host-discovery-script")
+    if args.local_size is not None:
+        raise UsageError(f"--local-size applies to a fixed world size, not with {flags}")
+    args.min_np = args.np if args.min_np is None else args.min_np
+    args.max_np = args.np if args.max_np is None else args.max_np
+    if args.min_np < 1:
+        raise UsageError(f"--min-np must be >= 1, got {args.min_np}")
+    if args.min_np > args.np:
+        raise UsageError(f"--min-np {args.min_np} exceeds -np {args.np}")
+    if args.max_np < args.np:
+        raise UsageError(f"--max-np {args.max_np} is below -np {args.np}")
+
+
+def elastic_plan(args, env, hosts, racks, discovery):
+    from .elastic import ElasticPlan, HostPool
+
+    def command_for(attempt_hosts, size, address):
+        return build_command(args, env, attempt_hosts, agent_address=address, np=size)
+
+    def can_launch(host):
+        return None if is_this_host(host) else launch_check(args.launcher_exec, host)
+
+    pool = HostPool(hosts, racks, args.min_np, args.max_np, discovery)
+    return ElasticPlan(pool, command_for, env, can_launch=can_launch)
+
+
+def run_restarting(args, env, hosts, racks, discovery):
     """--max-restarts N: every attempt has its own death watch (and token);
-    see restart.py."""
+    see restart.py (and elastic.py with --min-np, --max-np or
+    --host-discovery-script)."""
     from . import restart  # only here: ddlrun --help loads as little as it can
 
-    return restart.run_with_restarts(
-        lambda address: build_command(args, env, hosts, agent_address=address),
-        args.prefix_output, control_address(args, hosts), env, args.max_restarts,
-        args.restart_delay_s, launcher_shares_terminal)
-
-
-def parse_hosts(spec, source):
-    hosts = []
-    for item in spec:
-        item = item.strip()
-        if not item or item.startswith("#"):
-            continue
-        if not HOST_PATTERN.match(item):
-            raise UsageError(f"{source}: '{item}' is not host or host:slots (slots >= 1)")
-        name, _, slots = item.partition(":")
-        hosts.append((name, int(slots) if slots else 1))
-    if not hosts:
-        raise UsageError(f"{source}: no hosts given")
-    return hosts
-
-
-RACK_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-def hostfile_items(lines):
-    """A hostfile's lines as -H items: 'host[:slots][@rack]', where a line
-    may also give the rack as a column, 'host[:slots] rack=NAME'."""
-    items = []
-    for line in lines:
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
-        item = words[0]
-        for word in words[1:]:
-            if word.startswith("rack="):
-                item += "@" + word[len("rack="):]
-        items.append(item)
-    return items
-
-
-def split_racks(items, source):
-    """'host:slots@rack' items -> (items without racks, {host: rack}).
-    Either every host names its rack or none does."""
-    plain, racks = [], {}
-    for item in items:
-        item = item.strip()
-        host_part, at, rack = item.partition("@")
-        if at:
-            if not RACK_PATTERN.match(rack):
-                raise UsageError(f"{source}: '{item}': the rack after '@' must be a name of "
-                                 "letters, digits, '.', '_' or '-'")
-            racks[host_part.partition(":")[0]] = rack
-        plain.append(host_part)
-    named = [i.partition(":")[0] for i in plain if i and not i.startswith("#")]
-    unnamed = [h for h in named if h not in racks]
-    if racks and unnamed:
-        raise UsageError(f"{source}: hosts {', '.join(unnamed)} name no rack but others do "
-                         "(host:slots@rack for every host, or for none)")
-    return plain, racks
-
-
-def topology_env(hosts, racks, source):
-    """DDL_TOPOLOGY for the ranks (docs/topology.md) from {host: rack}, in
-    the order the hosts were given; empty without racks."""
-    if not racks:
-        return {}
-    order = []
-    for host, _ in hosts:
-        if racks[host] not in order:
-            order.append(racks[host])
-    value = ";".join(f"{rack}=" + ",".join(h for h, _ in hosts if racks[h] == rack)
-                     for rack in order)
-    return {"DDL_TOPOLOGY": value}
+    if is_elastic(args):
+        plan = elastic_plan(args, env, hosts, racks, discovery)
+    else:
+        plan = restart.SameHosts(
+            lambda address: build_command(args, env, hosts, agent_address=address), env)
+    return restart.run_with_restarts(plan, args.prefix_output, control_address(args, hosts),
+                                     args.max_restarts, args.restart_delay_s,
+                                     launcher_shares_terminal)
 
 
 def check_setting(option, variable, value):
@@ -245,6 +248,7 @@ def validate(args):
         if script.endswith(".py") and not os.path.isfile(script):
             raise UsageError(f"script '{script}' does not exist")
     validate_restarts(args)
+    validate_elastic(args)
     env = {}
     if args.fusion_threshold_mb is not None:
         check_setting("--fusion-threshold-mb", "DDL_FUSION_THRESHOLD_MB", args.fusion_threshold_mb)
@@ -286,23 +290,27 @@ def validate(args):
         args.mpi_args = shlex.split(args.mpi_args)
     except ValueError as e:
         raise UsageError(f"--mpi-args {args.mpi_args!r}: {e}") from None
-    hosts = None
+    hosts, racks, discovery = None, {}, None
     if args.hosts:
         items, racks = split_racks(args.hosts.split(","), "-H")
         hosts = parse_hosts(items, "-H")
-        env.update(topology_env(hosts, racks, "-H"))
     elif args.hostfile:
         if not os.path.isfile(args.hostfile):
             raise UsageError(f"--hostfile {args.hostfile} does not exist")
         with open(args.hostfile) as f:
             items, racks = split_racks(hostfile_items(f), args.hostfile)
         hosts = parse_hosts(items, args.hostfile)
-        env.update(topology_env(hosts, racks, args.hostfile))
+    elif args.host_discovery_script:
+        discovery = DiscoveryScript(args.host_discovery_script, args.slots_per_host or 1)
+        hosts, racks = discovery.run()
+    if hosts is not None:
+        env.update(topology_env(hosts, racks))
     if getattr(args, "verbose", False):
         env["DDL_PRINT_TOPOLOGY"] = "1"
     if hosts is not None and sum(s for _, s in hosts) < args.np:
-        raise UsageError(f"-np {args.np} exceeds the {sum(s for _, s in hosts)} slots of the hosts given")
-    return env, hosts
+        source = "listed by the discovery script" if discovery else "of the hosts given"
+        raise UsageError(f"-np {args.np} exceeds the {sum(s for _, s in hosts)} slots {source}")
+    return env, hosts, racks, discovery
 
 
 def find_mpiexec():
@@ -322,17 +330,19 @@ def mpi_flavour(mpiexec):
     return "openmpi" if "Open MPI" in text or "OpenRTE" in text else "mpich"
 
 
-def build_command(args, env, hosts, agent_address="HOST:PORT"):
-    """The launcher's command line; each rank runs the command under its
-    agent, which connects back to ``agent_address``."""
+def build_command(args, env, hosts, agent_address="HOST:PORT", np=None):
+    """The launcher's command line for ``np`` ranks (default -np); each rank
+    runs the command under its agent, which connects back to
+    ``agent_address``."""
+    np = args.np if np is None else np
     ranks_run = [sys.executable, "-I", AGENT, agent_address, "--"] + args.command
     if args.launcher == "srun":
-        cmd = ["srun", "-n", str(args.np)]
+        cmd = ["srun", "-n", str(np)]
         if args.bind_to_core:
             cmd.append("--cpu-bind=cores")
         return cmd + args.mpi_args + ranks_run  # srun exports the caller's environment
     mpiexec = find_mpiexec()
-    cmd = [mpiexec, "-n", str(args.np)]
+    cmd = [mpiexec, "-n", str(np)]
     if mpi_flavour(mpiexec) == "openmpi":
         names = set(env) | {k for k in os.environ if k.startswith(OPENMPI_EXPORT_PREFIXES)}
         names |= {k for k in OPENMPI_EXPORT_NAMES if k in os.environ or k == TOKEN_VARIABLE}
@@ -371,11 +381,6 @@ def interface_address(name):
     return socket.inet_ntoa(packed[20:24])
 
 
-def is_this_host(host):
-    name = socket.gethostname()
-    return host in ("localhost", "::1", name, name.split(".")[0]) or host.startswith("127.")
-
-
 def control_address(args, hosts):
     """(address ddlrun listens on, address the agents connect to)."""
     if args.iface:
@@ -404,13 +409,17 @@ def main(argv=None):
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     try:
-        env, hosts = validate(args)
+        env, hosts, racks, discovery = validate(args)
         if args.dry_run:
-            print(" ".join(f"{k}={v}" for k, v in env.items()),
-                  " ".join(build_command(args, env, hosts)))
+            if is_elastic(args):  # the first attempt's command
+                plan = elastic_plan(args, env, hosts, racks, discovery)
+                env, cmd = plan.env(), plan.command("HOST:PORT")
+            else:
+                cmd = build_command(args, env, hosts)
+            print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
             return 0
         if args.max_restarts:
-            return run_restarting(args, env, hosts)
+            return run_restarting(args, env, hosts, racks, discovery)
         watch = DeathWatch(*control_address(args, hosts), prefix_output=args.prefix_output)
         cmd = build_command(args, env, hosts, agent_address=watch.address)
     except UsageError as e:

@@ -148,10 +148,14 @@ class DeathWatch:
         except BlockingIOError:
             return
         if chunk:
+            self._launcher_said(chunk)
             self._write(kind, lines.feed(chunk))
         else:
             self._write(kind, lines.rest())
             self._sel.unregister(pipe)
+
+    def _launcher_said(self, chunk):
+        """Sees what the launcher itself writes (a subclass may keep it)."""
 
     def _read_agent(self, agent):
         try:

@@ -16,6 +16,19 @@ deep inside Keras):
 * ``Model._initial_epoch`` (Keras 3 trainers): ``set_initial_epoch``, used by
   ``keras/checkpoint.py``'s BackupAndRestore to resume ``fit`` at the restored
   epoch, as Keras' own BackupAndRestore does.
+* ``keras/fit_input.py`` (BackupAndRestore's handle on ``fit``'s input; its
+  docstring details each): ``fit``'s local ``epoch_iterator`` (read from its
+  frame), ``EpochIterator._enumerate_iterator`` / ``_get_iterator`` /
+  ``data_adapter`` / ``steps_per_epoch`` and ``TFEpochIterator.
+  _distributed_dataset`` / ``_distribute_strategy`` (replaced on that one
+  object), the adapters' classes and ``ArrayDataAdapter``'s ``_inputs``,
+  ``_batch_size``, ``_shuffle``, ``_num_samples``; ``Trainer._symbolic_build``
+  and ``_compile_metrics`` (metric variables made before a restore);
+  ``tf.data`` datasets' ``_inputs()`` and class names (the parallel-map check).
+  Missing ones degrade to an input that cannot be positioned, with a warning.
+* ``keras.src.backend.common.global_state`` and ``keras.src.random.
+  seed_generator.global_seed_generator`` (``keras/checkpoint.py``): Keras'
+  global seed generator, backed up and restored.
 * The ``_is_default`` mark that ``keras.callbacks.CallbackList`` reads on a
   hook: ``is_default_hook`` / ``mark_default_hook``, used by ``keras/callbacks.py``
   (``on_rank``) so that wrapped callbacks keep Keras' fast path for hooks

@@ -1,4 +1,4 @@
-"""``python -m keras_ddl.bench {allreduce,mwms,fit,all,model}``; prints tables
+"""``python -m keras_ddl.bench {allreduce,mwms,fit,backup,all,model}``; prints tables
 (docs/PERFORMANCE.md says how they are read and kept as results files)."""
 
 import argparse
@@ -92,7 +92,23 @@ def parse(argv):
                           "overlap off/on x fp32/fp16 (root; do not start under mpiexec)")
     fit.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
     fit.add_argument("--json", help="also write the results to this JSON file")
+    bk = sub.add_parser("backup", help="what BackupAndRestore(save_freq=N) costs a ResNet-50 "
+                                       "training step, written in the background or not "
+                                       "(one process)")
+    bk.add_argument("--batch", type=int, default=8, help="images per step")
+    bk.add_argument("--image-size", type=int, default=224, help="synthetic image side")
+    bk.add_argument("--steps", type=int, default=35, help="steps per timed fit")
+    bk.add_argument("--save-freq", type=int, default=10, help="BackupAndRestore save_freq")
+    bk.add_argument("--reps", type=int, default=3, help="repetitions per launch")
+    bk.add_argument("--threads", type=int, default=0,
+                    help="TensorFlow intra- and inter-op threads (0: TensorFlow's default)")
+    bk.add_argument("--dir", help="where the backups are written (default: a temporary "
+                                  "directory)")
+    bk.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.command == "backup" and (args.save_freq < 1 or args.steps < 3 * args.save_freq + 2):
+        parser.error("backup: --save-freq must be >= 1 and --steps at least 3 x --save-freq "
+                     "+ 2 (three saves inside the timed steps)")
     if getattr(args, "reps", 1) < 1:
         parser.error("--reps must be >= 1")
     return args
@@ -146,6 +162,9 @@ def main(argv=None):
     elif args.command == "fit":
         from . import fit
         fit.main(args)
+    elif args.command == "backup":
+        from . import backup
+        backup.main(args)
     elif args.command == "model":
         from keras_ddl_tools import scaling_model as model
         model.main(args)

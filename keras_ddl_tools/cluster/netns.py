@@ -322,6 +322,21 @@ class NetnsCluster:
         """Takes node ``node`` (0-based) off the bridge (up=False) or back."""
         _run("ip", "link", "set", self.host_veths[node], "up" if up else "down")
 
+    def processes(self, node):
+        """Pids of the processes in node ``node``'s (0-based) namespace."""
+        out = _run("ip", "netns", "pids", self.namespaces[node], check=False).stdout
+        return [int(pid) for pid in out.split()]
+
+    def kill_processes(self, node):
+        """SIGKILLs every process in node ``node``'s namespace: what is left
+        of a job on a node that was cut off for good (a namespace outlives
+        its name while processes run in it)."""
+        for pid in self.processes(node):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def link_bytes(self):
         """[(sent, received)] bytes of each node's link, as counted by the
         bridge side of its veth (what it receives, the node sent)."""
