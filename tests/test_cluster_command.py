@@ -26,7 +26,8 @@ class FakeCluster:
     hosts = ["node0", "node1"]
     nodes = 2
 
-    def __init__(self, nodes, rate, burst=None, racks=1, uplink=None):
+    def __init__(self, nodes, rate, burst=None, racks=1, uplink=None, tell_topology=True,
+                 shm=None):
         pass
 
     def __enter__(self):

@@ -93,27 +93,44 @@ std::vector<std::vector<double>> RateMatrix(const std::vector<std::vector<char>>
   return rate;
 }
 
+// The median pair rate within groups (0 with no pair within) and the
+// fastest pair across them. The median, so that a pair within that lost a
+// pass to a busy core does not undo the grouping.
+struct GroupRates {
+  double typical_within = 0;
+  double fastest_across = 0;
+};
+
+GroupRates RatesOfGroups(const std::vector<std::vector<double>>& rate,
+                         const std::vector<int>& group_of_node) {
+  std::vector<double> within;
+  GroupRates g;
+  const int k = static_cast<int>(rate.size());
+  for (int i = 0; i < k; ++i) {
+    for (int j = i + 1; j < k; ++j) {
+      const double p = PairRate(rate, i, j);
+      if (group_of_node[i] == group_of_node[j]) {
+        within.push_back(p);
+      } else {
+        g.fastest_across = std::max(g.fastest_across, p);
+      }
+    }
+  }
+  if (!within.empty()) {
+    std::nth_element(within.begin(), within.begin() + within.size() / 2, within.end());
+    g.typical_within = within[within.size() / 2];
+  }
+  return g;
+}
+
 // A verdict after the first pass that a second could not change: one
 // switch (a busy core only slows pairs, so every pair fast stays fast), or
 // racks with the pairs across at most a third of the median within.
 bool Settled(const std::vector<std::vector<double>>& rate, const ProbeVerdict& v) {
   if (v.kind == ProbeVerdict::kOneSwitch) return true;
   if (v.kind != ProbeVerdict::kRacks) return false;
-  std::vector<double> within;
-  double across = 0;
-  const int k = static_cast<int>(rate.size());
-  for (int i = 0; i < k; ++i) {
-    for (int j = i + 1; j < k; ++j) {
-      const double p = PairRate(rate, i, j);
-      if (v.group_of_node[i] == v.group_of_node[j]) {
-        within.push_back(p);
-      } else {
-        across = std::max(across, p);
-      }
-    }
-  }
-  std::nth_element(within.begin(), within.begin() + within.size() / 2, within.end());
-  return across <= within[within.size() / 2] / 3;
+  const GroupRates g = RatesOfGroups(rate, v.group_of_node);
+  return g.fastest_across <= g.typical_within / 3;
 }
 
 }  // namespace
@@ -164,23 +181,11 @@ ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate) {
   }
   std::vector<int> size(groups, 0);
   for (int g : v.group_of_node) ++size[g];
-  std::vector<double> within;
-  double fastest_across = 0;
-  for (int i = 0; i < k; ++i) {
-    for (int j = i + 1; j < k; ++j) {
-      const double p = PairRate(rate, i, j);
-      if (v.group_of_node[i] == v.group_of_node[j]) {
-        within.push_back(p);
-      } else {
-        fastest_across = std::max(fastest_across, p);
-      }
-    }
-  }
   // A group is a rack when the pairs across groups are clearly slower than
-  // the typical pair within one (the median: a pair within that lost a
-  // pass to a busy core does not undo the grouping).
-  std::nth_element(within.begin(), within.begin() + within.size() / 2, within.end());
-  const double typical_within = within.empty() ? 0 : within[within.size() / 2];
+  // the typical pair within one.
+  const GroupRates g = RatesOfGroups(rate, v.group_of_node);
+  const double typical_within = g.typical_within;
+  const double fastest_across = g.fastest_across;
   const bool alone = *std::min_element(size.begin(), size.end()) < 2;
   if (groups < 2 || alone || fastest_across > typical_within * 2.0 / 3.0) {
     v.kind = ProbeVerdict::kUnclear;
