@@ -131,16 +131,9 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
     FailAll(Status::Aborted(report + ctx_->Where()));
     return;
   }
-  std::fprintf(stderr,
-               "[keras_ddl] %skeras_ddl ends this process now (exit code %d) so that the job "
-               "ends instead of hanging%s\n",
-               report.c_str(), kDataPathFailureExitCode, ctx_->Where().c_str());
-  std::fflush(stderr);
-  std::fflush(stdout);
   // The pending works are never finished, so the framework keeps their
   // buffers alive while posted messages may still write into them.
-  AwaitOtherReports();
-  std::_Exit(kDataPathFailureExitCode);
+  EndProcess(report, kDataPathFailureExitCode);
 }
 
 // Not a lost peer but a bug or a broken invariant in keras_ddl itself (an
@@ -158,14 +151,20 @@ void Engine::OnInternalError(const std::exception& e, const char* phase) {
     FailAll(Status::Internal(report + ctx_->Where()));
     return;
   }
+  EndProcess(report + "; ", kInternalErrorExitCode);
+}
+
+// Prints `report` (ending in its own separator) with what happens next,
+// waits for the other ranks' reports, and ends the process with `code`.
+void Engine::EndProcess(const std::string& report, int code) {
   std::fprintf(stderr,
-               "[keras_ddl] %s; keras_ddl ends this process now (exit code %d) so that the job "
+               "[keras_ddl] %skeras_ddl ends this process now (exit code %d) so that the job "
                "ends instead of hanging%s\n",
-               report.c_str(), kInternalErrorExitCode, ctx_->Where().c_str());
+               report.c_str(), code, ctx_->Where().c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   AwaitOtherReports();
-  std::_Exit(kInternalErrorExitCode);
+  std::_Exit(code);
 }
 
 // The launcher ends the whole job when one rank's process exits: mpiexec's

@@ -101,6 +101,8 @@ class Engine {
   // rank that still answers a probe has reported too, or a bound passes
   // (see engine.cc).
   void AwaitOtherReports();
+  // The report line, the wait above, then _Exit(code); never returns.
+  [[noreturn]] void EndProcess(const std::string& report, int code);
   // "rank(s) [..]" that asked for shutdown this cycle (a collective step).
   std::string RanksShuttingDown();
 

@@ -3,8 +3,12 @@
 // tests/test_core.py reads) and gives the exit code.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
+#include <exception>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ddl_test {
 
@@ -28,6 +32,26 @@ inline void Expect(bool ok, const std::string& what) {
 inline int Summary() {
   std::printf("%d checks, %d failures\n", Checks(), Failures());
   return Failures() ? 1 : 0;
+}
+
+// Runs each named check (only `only`'s, unless it is empty), a check that
+// throws counting as one failure, prints each one's seconds, and returns
+// Summary().
+inline int RunNamedChecks(const std::vector<std::pair<std::string, void (*)()>>& checks,
+                          const std::string& only) {
+  for (const auto& [name, check] : checks) {
+    if (!only.empty() && only != name) continue;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      check();
+    } catch (const std::exception& e) {
+      Expect(false, name + ": " + e.what());
+    }
+    std::printf("%s: %.2f s\n", name.c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::fflush(stdout);
+  }
+  return Summary();
 }
 
 }  // namespace ddl_test

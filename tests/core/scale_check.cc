@@ -392,17 +392,5 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::pair<std::string, void (*)()>> checks = {
       {"results", Results}, {"slow", SlowButMoving}, {"silent", Silent}, {"stopped", Stopped}};
-  for (const auto& [name, check] : checks) {
-    if (!only.empty() && only != name) continue;
-    const auto start = Clock::now();
-    try {
-      check();
-    } catch (const std::exception& e) {
-      Expect(false, name + ": " + e.what());
-    }
-    std::printf("%s: %.2f s\n", name.c_str(),
-                std::chrono::duration<double>(Clock::now() - start).count());
-    std::fflush(stdout);
-  }
-  return ddl_test::Summary();
+  return ddl_test::RunNamedChecks(checks, only);
 }
