@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -60,6 +61,58 @@ class CaseRun:
 
     def check_clean_exit(self):
         assert self.proc.returncode == 0, self.proc.stderr[-4000:]
+
+
+class LiveLaunch:
+    """A launch whose output is read line by line as it comes (for tests
+    that act on the cluster while the ranks run): ``out`` and ``err`` are
+    the lines so far; ``on_line`` sees every stdout line as it arrives."""
+
+    def __init__(self, argv, env, cwd=TESTS_DIR, on_line=None):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env, cwd=cwd)
+        self.out, self.err = [], []
+        self._on_line = on_line
+        # readline, not iteration: iterating a pipe buffers, and the tests
+        # must see each line when the rank writes it.
+        self._readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
+                         for pipe, lines in ((self.proc.stdout, self.out),
+                                             (self.proc.stderr, self.err))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, pipe, lines):
+        for line in iter(pipe.readline, ""):
+            lines.append(line)
+            if self._on_line is not None and lines is self.out:
+                self._on_line(line)
+
+    def count(self, marker):
+        """How many stdout lines so far contain ``marker``."""
+        return sum(marker in line for line in list(self.out))
+
+    def wait(self, timeout):
+        """The exit code, or None when the launch overran ``timeout`` seconds
+        (it is killed); the readers have drained both pipes either way."""
+        try:
+            code = self.proc.wait(timeout=max(1, timeout))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = None
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code
+
+    def stdout(self):
+        return "".join(self.out)
+
+    def stderr(self):
+        return "".join(self.err)
+
+    def report(self):
+        return (f"exit {self.proc.returncode}\nstdout:\n{self.stdout()[-3000:]}\n"
+                f"stderr:\n{self.stderr()[-5000:]}")
 
 
 class Launcher:

@@ -10,11 +10,10 @@ where namespaces cannot be made: not root, or no ip / tc.
 import json
 import re
 import subprocess
-import threading
 import time
 
 import pytest
-from conftest import TESTS_DIR, case_names
+from conftest import TESTS_DIR, LiveLaunch, case_names
 from fault_reports import PHASES, fault_reports
 
 SCRIPT = "collectives.py"
@@ -144,21 +143,13 @@ def test_cut_link_fails_every_rank_naming_the_unreachable_ones(launcher, activit
     nprocs = 4
     argv = launcher.cluster_argv(cluster, 2, SLOW_SCRIPT, activity)  # nprocs: 2 a node
     env = launcher.cluster_env({"DDL_PEER_TIMEOUT_S": str(timeout_s)})
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=TESTS_DIR)
-    out, err = [], []
-    # readline, not iteration: lines must arrive as the ranks write them.
-    readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(s.readline, "")),
-                                daemon=True)
-               for s, b in ((proc.stdout, out), (proc.stderr, err))]
-    for r in readers:
-        r.start()
+    run = LiveLaunch(argv, env)
     cut_at = None
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and sum("STEPPING" in line for line in out) < nprocs:
+        while time.time() < deadline and run.count("STEPPING") < nprocs:
             time.sleep(0.2)
-        assert sum("STEPPING" in line for line in out) == nprocs, "".join(out + err)[-3000:]
+        assert run.count("STEPPING") == nprocs, run.report()
         time.sleep(1)  # well inside the stream of 64 MB allreduces
         cluster.set_link(1, False)
         cut_at = time.time()
@@ -166,20 +157,14 @@ def test_cut_link_fails_every_rank_naming_the_unreachable_ones(launcher, activit
         # the launcher only once the link is back, so each report carries
         # the time it was made.
         while time.time() < cut_at + timeout_s + 20:
-            if {0, 1} <= set(fault_reports("".join(err))):
+            if {0, 1} <= set(fault_reports(run.stderr())):
                 break
             time.sleep(0.2)
         time.sleep(5)
     finally:
         cluster.set_link(1, True)  # the launcher's own connections need it back to end
-        try:
-            code = proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = None
-        for r in readers:
-            r.join(timeout=5)
-    text = "".join(err)
+        code = run.wait(timeout=90)
+    text = run.stderr()
     reports = fault_reports(text)
     assert set(reports) == set(range(nprocs)), text[-4000:]
     # Node 1 holds ranks 0 and 1, node 2 ranks 2 and 3. Whichever phase the

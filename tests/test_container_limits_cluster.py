@@ -14,14 +14,11 @@ otherwise; node links 1 Gbit/s, uplinks 1 Gbit/s, then 10 Mbit/s.
 Skipped (with the reason) only where namespaces cannot be made.
 """
 
-import os
 import re
-import subprocess
-import threading
 import time
 
 import pytest
-from conftest import TESTS_DIR
+from conftest import LiveLaunch
 
 SCRIPT = "container_limits.py"
 PEER_TIMEOUT_S = 3
@@ -42,31 +39,18 @@ def limits_run(launcher, tmp_path_factory):
         env = launcher.cluster_env({"DDL_PEER_TIMEOUT_S": str(PEER_TIMEOUT_S),
                                     "DDL_TEST_GO_FILE": str(go)})
         start = cluster.uplink_bytes()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, cwd=TESTS_DIR)
-        out, err = [], []
-        readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(s.readline, "")),
-                                    daemon=True)
-                   for s, b in ((proc.stdout, out), (proc.stderr, err))]
-        for r in readers:
-            r.start()
+        run = LiveLaunch(argv, env)
         ready = None
-        try:
-            deadline = time.time() + 400
-            while time.time() < deadline and proc.poll() is None:
-                if ready is None and any("SLOW_PHASE_READY" in line for line in out):
-                    ready = cluster.uplink_bytes()
-                    cluster.set_uplink("10mbit")
-                    go.write_text("go")
-                time.sleep(0.2)
-            code = proc.wait(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = None
-        for r in readers:
-            r.join(timeout=5)
+        deadline = time.time() + 400
+        while time.time() < deadline and run.proc.poll() is None:
+            if ready is None and run.count("SLOW_PHASE_READY"):
+                ready = cluster.uplink_bytes()
+                cluster.set_uplink("10mbit")
+                go.write_text("go")
+            time.sleep(0.2)
+        code = run.wait(timeout=deadline - time.time())
         end = cluster.uplink_bytes()
-    _RUN["run"] = (code, "".join(out), "".join(err), start, ready, end)
+    _RUN["run"] = (code, run.stdout(), run.stderr(), start, ready, end)
     return _RUN["run"]
 
 

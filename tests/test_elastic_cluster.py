@@ -9,12 +9,11 @@ counters show that the allreduces crossed them."""
 
 import re
 import shutil
-import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
+from conftest import LiveLaunch
 
 JOB = "elastic_job.py"
 N_SAMPLES, GLOBAL_BATCH, SAVE_FREQ = 48, 6, 2  # as in tests/mpi/elastic_job.py
@@ -30,42 +29,6 @@ def ddlrun_argv(launcher, cluster, hosts, work, options=()):
     return [sys.executable, "-m", "keras_ddl_launcher", "-np", str(len(hosts)),
             "-H", ",".join(f"{h}:1" for h in hosts), "--launcher-exec", cluster.standin,
             "--iface", cluster.bridge, *options, *launcher.python(JOB, str(work))]
-
-
-class Run:
-    """A ddlrun launch whose output is read as it comes; ``on_line`` sees
-    every line of its stdout."""
-
-    def __init__(self, argv, env, on_line=lambda line: None):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)
-        self.out, self.err = [], []
-        self._on_line = on_line
-        self._readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
-                         for pipe, lines in ((self.proc.stdout, self.out),
-                                             (self.proc.stderr, self.err))]
-        for reader in self._readers:
-            reader.start()
-
-    def _read(self, pipe, lines):
-        for line in iter(pipe.readline, ""):
-            lines.append(line)
-            if lines is self.out:
-                self._on_line(line)
-
-    def wait(self, timeout):
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for reader in self._readers:
-            reader.join(timeout=10)
-        return self.proc.returncode
-
-    def report(self):
-        return (f"exit {self.proc.returncode}\nstdout:\n{''.join(self.out)[-3000:]}\n"
-                f"stderr:\n{''.join(self.err)[-5000:]}")
 
 
 def samples(work):
@@ -97,9 +60,10 @@ def test_a_node_lost_for_good_mid_epoch_the_job_finishes_on_the_rest(launcher, t
 
     before = cluster.link_bytes()
     try:
-        run = Run(ddlrun_argv(launcher, cluster, cluster.hosts, shrunk,
-                              ["--min-np", "2", "--max-restarts", "2", "--restart-delay-s", "1"]),
-                  env, cut_node3_at_the_step)
+        run = LiveLaunch(ddlrun_argv(launcher, cluster, cluster.hosts, shrunk,
+                                     ["--min-np", "2", "--max-restarts", "2",
+                                      "--restart-delay-s", "1"]),
+                         env, cwd=None, on_line=cut_node3_at_the_step)
         code = run.wait(timeout=300)
         after = cluster.link_bytes()
     finally:
@@ -139,7 +103,7 @@ def test_a_node_lost_for_good_mid_epoch_the_job_finishes_on_the_rest(launcher, t
     # A fresh 2-node run from the step-k backup ends with the same weights.
     fresh = tmp_path / "fresh"
     shutil.copytree(shrunk / "resumed-backup", fresh / "backup")
-    again = Run(ddlrun_argv(launcher, cluster, cluster.hosts[:2], fresh), env)
+    again = LiveLaunch(ddlrun_argv(launcher, cluster, cluster.hosts[:2], fresh), env, cwd=None)
     assert again.wait(timeout=240) == 0, again.report()
     assert re.search(rf"^\[0\] RESUMED step={k} size=2 attempt=0$", "".join(again.out), re.M), \
         again.report()
