@@ -10,14 +10,17 @@ import pytest
 SCRIPT = "horovod_cases.py"
 CASES = ["compressed_average_with_factors_divides_before_the_wire",
          "gradient_predivide_factor_keeps_float16_average_finite"]
+# (ranks, environment, cases): the flat ring is tests/test_horovod_mpi.py's
+# 3-rank launch, which runs every case; the hierarchical path runs these.
 TOPOLOGIES = {
-    "flat-3": (3, {"DDL_ALLREDUCE": "flat"}),
-    "hierarchical-4x2": (4, {"DDL_LOCAL_SIZE": "2", "DDL_ALLREDUCE": "hierarchical"}),
+    "flat-3": (3, {"DDL_ALLREDUCE": "flat"}, ()),
+    "hierarchical-4x2": (4, {"DDL_LOCAL_SIZE": "2", "DDL_ALLREDUCE": "hierarchical"},
+                         tuple(CASES)),
 }
 
 
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
 @pytest.mark.parametrize("name", CASES)
 def test_case_where_float16_crosses_a_wire(launcher, topology, name):
-    nprocs, env = TOPOLOGIES[topology]
-    launcher.cases(nprocs, SCRIPT, env=env, cases=CASES).check(name)
+    nprocs, env, cases = TOPOLOGIES[topology]
+    launcher.cases(nprocs, SCRIPT, env=env, cases=cases).check(name)

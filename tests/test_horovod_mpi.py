@@ -1,7 +1,11 @@
 """The Horovod-parity ops and the Horovod front door under mpiexec with 2
 and 3 ranks (one launch per rank count runs every case of
 tests/mpi/horovod_cases.py), and a Horovod-style Keras script that must
-train exactly like the same script on keras_ddl's own API."""
+train exactly like the same script on keras_ddl's own API.
+
+The 2-rank launch takes the default path (one machine: shared memory);
+the 3-rank one the flat path over MPI, where float16 crosses a wire
+(tests/test_compressed_average_mpi.py reads its compression cases)."""
 
 import os
 import sys
@@ -11,18 +15,19 @@ import pytest
 from conftest import TESTS_DIR, case_names
 
 SCRIPT = "horovod_cases.py"
+ENV = {2: {}, 3: {"DDL_ALLREDUCE": "flat"}}
 EXAMPLES = os.path.join(os.path.dirname(TESTS_DIR), "examples")
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("name", case_names(SCRIPT))
 def test_case(launcher, nprocs, name):
-    launcher.cases(nprocs, SCRIPT).check(name)
+    launcher.cases(nprocs, SCRIPT, env=ENV[nprocs]).check(name)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_launch_exits_cleanly(launcher, nprocs):
-    launcher.cases(nprocs, SCRIPT).check_clean_exit()
+    launcher.cases(nprocs, SCRIPT, env=ENV[nprocs]).check_clean_exit()
 
 
 def test_horovod_style_script_trains_like_keras_ddl_api(launcher, tmp_path):
