@@ -232,8 +232,10 @@ def test_engine_at_64_to_256_thread_ranks(tmp_path):
     order on each rank, bitwise the reference sum in the promised order on
     every rank. At 256 ranks, over tests/core/network.h's links: uplinks so
     slow that nothing completes for twice the peer timeout while bytes
-    move (every call succeeds, and the ranks say the transfer is slow but
-    moving); one node's link silent (every rank ends its call with the
+    move, stalling together for longer than the judge's window but less
+    than the timeout (every call succeeds, and the ranks say the transfer
+    is slow but moving; a judge that took one quiet window for a hang
+    failed it); one node's link silent (every rank ends its call with the
     report that a collective hangs, nothing moving); one rank's engine
     never started (every other rank names it in negotiation)."""
     proc = build_and_run("scale_check.cc", engine_sources(), tmp_path)
