@@ -222,7 +222,10 @@ def test_engine_on_threads_as_ranks(tmp_path):
     other threads enqueue; two process sets from one thread, and a call into
     one inside the other's cycle (only enqueued, owner kept); staggered
     joins; works taken by a cycle that throws are failed; shutdown in the
-    middle of a cycle; the stall verdict; a silent rank (peer timeout)."""
+    middle of a cycle; the stall verdict; a silent rank (peer timeout); a
+    rank 3 s late to a set-up step (the set-up group's split right after the
+    settings are agreed, which waited without a timeout before; the
+    node-group check): every other rank's set-up fails within 2.5 s."""
     assert_no_failures(build_and_run("engine_check.cc", engine_sources(), tmp_path))
 
 

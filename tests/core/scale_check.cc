@@ -19,9 +19,9 @@
 //   stopped  - 256 ranks: one rank never runs its engine: every other rank
 //              fails in negotiation naming it (the stall diagnosis).
 //
-// `scale_check --table` prints instead the table of docs/architecture.md:
-// per rank count, the time per call and the silent verdict's time, as
-// medians with their range. Prints "<N> checks, <F> failures".
+// `scale_check --table [calls]` prints instead the figures of the table in
+// docs/failures.md: per rank count, the time per call and the silent
+// verdict's time, as medians with their range. Prints "<N> checks, <F> failures".
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -370,19 +370,28 @@ void Stopped() {
               Range(o.fail_seconds, 1, "s").c_str());
 }
 
-// The docs' table: per rank count, calls of the three tensors on racks of
-// 4-rank nodes, and the silent node's verdicts.
+// The docs' table (docs/failures.md): per rank count, calls of the three
+// tensors on 4 racks of 4-rank nodes, and the silent node's verdicts; one
+// line per rank count, "table ranks=N shape=RxNxL" and the figures (the
+// time per call over the calls, the verdict over the ranks).
 void Table(int calls) {
-  std::printf("| ranks | shape | time per call, median [range] over %d calls | silent-node "
-              "verdict, median [range] over ranks |\n| --- | --- | --- | --- |\n",
-              calls);
-  for (int n : {16, 64, 128, 256}) {
-    const Shape shape{n >= 64 ? 4 : 2, n / 4 / (n >= 64 ? 4 : 2), 4};
+  for (int n : {64, 128, 256}) {
+    const Shape shape{4, n / 16, 4};
     const Outcome ok = Run(shape, calls, 10);
     const Outcome silent = SilentNode(shape);
-    std::printf("| %d | %d racks x %d nodes x %d local | %s | %s |\n", n, shape.racks,
-                shape.nodes_per_rack, shape.local, Range(ok.call_seconds, 1e3, "ms").c_str(),
-                Range(silent.fail_seconds, 1, "s").c_str());
+    auto stats = [](const std::vector<double>& v, double scale) {
+      if (v.empty()) return std::string("nan nan nan");
+      char text[96];
+      std::snprintf(text, sizeof text, "%.4g %.4g %.4g", Median(v) * scale,
+                    *std::min_element(v.begin(), v.end()) * scale,
+                    *std::max_element(v.begin(), v.end()) * scale);
+      return std::string(text);
+    };
+    std::printf("table ranks=%d shape=%dx%dx%d calls=%zu call_ms(median,min,max)= %s "
+                "verdicts=%zu verdict_s(median,min,max)= %s\n",
+                n, shape.racks, shape.nodes_per_rack, shape.local, ok.call_seconds.size(),
+                stats(ok.call_seconds, 1e3).c_str(), silent.fail_seconds.size(),
+                stats(silent.fail_seconds, 1).c_str());
     std::fflush(stdout);
   }
 }
