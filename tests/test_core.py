@@ -222,7 +222,10 @@ def test_engine_on_threads_as_ranks(tmp_path):
     other threads enqueue; two process sets from one thread, and a call into
     one inside the other's cycle (only enqueued, owner kept); staggered
     joins; works taken by a cycle that throws are failed; shutdown in the
-    middle of a cycle; the stall verdict; a silent rank (peer timeout)."""
+    middle of a cycle; the stall verdict; a silent rank (peer timeout); a
+    rank 3 s late to a set-up step (the set-up group's split right after the
+    settings are agreed, which waited without a timeout before; the
+    node-group check): every other rank's set-up fails within 2.5 s."""
     assert_no_failures(build_and_run("engine_check.cc", engine_sources(), tmp_path))
 
 
@@ -232,8 +235,10 @@ def test_engine_at_64_to_256_thread_ranks(tmp_path):
     order on each rank, bitwise the reference sum in the promised order on
     every rank. At 256 ranks, over tests/core/network.h's links: uplinks so
     slow that nothing completes for twice the peer timeout while bytes
-    move (every call succeeds, and the ranks say the transfer is slow but
-    moving); one node's link silent (every rank ends its call with the
+    move, stalling together for longer than the judge's window but less
+    than the timeout (every call succeeds, and the ranks say the transfer
+    is slow but moving; a judge that took one quiet window for a hang
+    failed it); one node's link silent (every rank ends its call with the
     report that a collective hangs, nothing moving); one rank's engine
     never started (every other rank names it in negotiation)."""
     proc = build_and_run("scale_check.cc", engine_sources(), tmp_path)

@@ -411,6 +411,9 @@ Status Context::Create(std::unique_ptr<Group> world, std::unique_ptr<Context>* o
   try {
     s = AgreeOnConfig(ctx.get(), *world);
     if (!s.ok()) return s;
+    // The settings are agreed, so every rank has come: from here a rank
+    // late to a set-up step is waited for the peer timeout, not forever.
+    world->SetPeerTimeout(ctx->config.peer_timeout_s);
     ctx->setup = world->Split(0, ctx->rank);
     // add_process_set's rounds wait with deadlines of their own; its split
     // waits for every rank with the peer timeout (MpiTransport::Split).

@@ -16,12 +16,22 @@
 //   2. An awaited rank that answers but is behind this collective and not
 //      inside any (its engine stuck outside a collective, or without one)
 //      ends it too: the stall diagnosis.
-//   3. Otherwise the judge looks again after a short window: if no rank's
-//      bytes moved (this rank's, or any other's), nothing will complete,
-//      and the wait ends with "no bytes moved". If bytes moved, the
-//      transfer is slow but moving: the wait goes on, and the first time
-//      (then at most once a minute) the rank prints one warning line with
-//      the rate it saw.
+//   3. Otherwise the judge notes every rank's moved bytes and asks the wait
+//      to call it again after a short window (the wait polls meanwhile: an
+//      MPI transfer moves only while its ranks poll). If bytes moved since
+//      the first look (this rank's, or any other's), the transfer is slow
+//      but moving: the wait goes on with a fresh timeout, and the first
+//      time (then at most once a minute) the rank prints one warning line
+//      with the rate it saw. If none moved, it looks again, window after
+//      window, checking 1 and 2 each time, and ends the wait with "no
+//      bytes moved" only once nothing moved for the whole timeout (and at
+//      least 4 windows): ranks that outnumber cores (256 thread-ranks on 2
+//      cores) can leave every link idle for a window while the transfer is
+//      still under way, so one quiet window is no evidence of a hang.
+//
+// An awaited rank found outside every collective (2) is judged so only
+// when two looks a window apart find it at the same step: a rank between
+// two steps of its cycle is outside for a moment.
 //
 // Bytes, not completed messages, because a message in flight completes
 // nothing until its last byte; the kernel's counters of the process's TCP
@@ -95,7 +105,7 @@ class ProbeJudge : public Liveness {
   ProbeJudge(const PeerTable& peers, int set, std::shared_ptr<Activity> mine,
              const Group* transport, double timeout_s, std::string where);
 
-  std::string Judge(const QuietWait& wait) override;
+  Judgment Judge(const QuietWait& wait) override;
 
   // The peers' states as the last judgment that gave up saw them, if it
   // ended less than a few seconds ago (the fault report then says the
@@ -105,9 +115,14 @@ class ProbeJudge : public Liveness {
   // How long a probe may take: a live process answers in milliseconds, a
   // host behind a cut link never does, so this bounds the report's delay.
   static double Patience(double timeout_s);
+  // The time between two looks of a series of judgments.
+  static double Window(double timeout_s);
+  // How long nothing may move before a wait ends as a hang.
+  static double QuietNeeded(double timeout_s);
 
  private:
-  std::string GiveUp(const std::vector<PeerView>& seen, std::string why);
+  Judgment GiveUp(const std::vector<PeerView>& seen, std::string why);
+  void Warn(const QuietWait& wait, double seconds, double own, double others);
 
   const PeerTable& peers_;
   int set_;
@@ -115,6 +130,13 @@ class ProbeJudge : public Liveness {
   const Group* transport_;
   double timeout_s_;
   std::string where_;
+  // The first look of the current series: every rank's moved bytes.
+  std::vector<PeerView> baseline_;
+  uint64_t own_baseline_ = 0;
+  std::chrono::steady_clock::time_point baseline_at_{};
+  // The awaited ranks the previous look of the series found outside every
+  // collective, with their steps.
+  std::map<int, uint64_t> outside_before_;
   std::vector<std::pair<int, PeerState>> last_states_;
   std::chrono::steady_clock::time_point gave_up_at_{};
   std::chrono::steady_clock::time_point warned_at_{};

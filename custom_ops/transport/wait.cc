@@ -23,26 +23,41 @@ void Backoff::Pause() {
 
 void PeerClock::BeginWait() {
   const auto now = Clock::now();
-  if (now - last_ > std::chrono::duration<double>(timeout_s_ / 2)) last_ = now;
+  if (now - last_ > std::chrono::duration<double>(timeout_s_ / 2)) {
+    last_ = now;
+    judging_ = false;
+  }
 }
 
 bool PeerClock::Expired(Clock::time_point now) const {
-  return timeout_s_ > 0 && now - last_ > std::chrono::duration<double>(timeout_s_);
+  if (timeout_s_ <= 0) return false;
+  return judging_ ? now >= again_ : now - last_ > std::chrono::duration<double>(timeout_s_);
 }
 
 PeerClock::Clock::time_point PeerClock::Deadline(Clock::time_point fallback) const {
   if (timeout_s_ <= 0) return fallback;
-  const auto at = last_ + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(timeout_s_));
+  const auto at = judging_ ? again_
+                           : last_ + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(timeout_s_));
   return at < fallback ? at : fallback;
 }
 
 std::string PeerClock::Judge(const std::string& what, const std::vector<int>& awaited) {
   if (judge_ == nullptr) return "no judge";
   const double quiet = std::chrono::duration<double>(Clock::now() - last_).count();
-  const std::string why = judge_->Judge({what, awaited, quiet});
-  if (why.empty()) Progress();
-  return why;
+  const Judgment judgment = judge_->Judge({what, awaited, quiet, !judging_});
+  if (!judgment.why.empty()) {
+    judging_ = false;
+    return judgment.why;
+  }
+  if (judgment.again_s > 0) {
+    judging_ = true;
+    again_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(judgment.again_s));
+  } else {
+    Progress();
+  }
+  return "";
 }
 
 void PeerClock::Throw(const std::string& what, const std::string& why,

@@ -12,7 +12,11 @@
 //   wait's last progress, never from its start. When it runs out, the wait
 //   does not give up on its own: it asks a Liveness judge, which knows the
 //   other ranks (engine/liveness.h asks every rank over the fault report's
-//   probe channel). A transfer that is slow but moving then goes on, and a
+//   probe channel). The judge may ask to look again after a short window,
+//   while the wait goes on polling (an MPI transfer moves only while its
+//   ranks poll): a series of judgments that lasts until the wait makes
+//   progress, the judge sees bytes move (the clock starts again), or the
+//   judge gives up. A transfer that is slow but moving then goes on, and a
 //   rank that is gone, stopped, cut off, or stuck while nothing moves ends
 //   the wait with PeerTimeout. Without a judge (set-up, before the ranks
 //   know each other's probe addresses) the timeout ends the wait.
@@ -94,14 +98,23 @@ struct QuietWait {
   std::string what;          // "a message with rank 3", "negotiation allreduce"
   std::vector<int> awaited;  // world ranks it needs, if known
   double quiet_s = 0;        // seconds since its last progress
+  // The first judgment since that progress (else the judge asked to look
+  // again, and nothing the wait needs has completed since).
+  bool first = true;
+};
+
+// A judge's answer to one judgment.
+struct Judgment {
+  std::string why;     // not empty: the wait must end (appended to the PeerTimeout's message)
+  double again_s = 0;  // keep waiting; > 0: judge again after this many seconds, 0: the
+                       // clock starts again (the transfer moves)
 };
 
 class Liveness {
  public:
   virtual ~Liveness() = default;
-  // "" to keep waiting (the clock starts again), or why the wait must end
-  // (appended to the PeerTimeout's message). Called on the waiting thread.
-  virtual std::string Judge(const QuietWait& wait) = 0;
+  // Called on the waiting thread.
+  virtual Judgment Judge(const QuietWait& wait) = 0;
 };
 
 class PeerClock {
@@ -112,14 +125,18 @@ class PeerClock {
   double timeout_s() const { return timeout_s_; }
   void SetLiveness(Liveness* judge) { judge_ = judge; }
 
-  // Something the wait needs completed.
-  void Progress() { last_ = Clock::now(); }
+  // Something the wait needs completed: a series of judgments ends.
+  void Progress() {
+    last_ = Clock::now();
+    judging_ = false;
+  }
   // A wait begins: when nothing was in flight for a while, that silence
   // meant nothing, so the clock starts now.
   void BeginWait();
   bool Expired(Clock::time_point now) const;
-  // The timeout ran out: "" if the judge says keep waiting (the clock
-  // starts again), else why the wait must end ("no judge" without one).
+  // The timeout (or the window the judge asked for) ran out: "" if the
+  // judge says keep waiting, else why the wait must end ("no judge"
+  // without one).
   std::string Judge(const std::string& what, const std::vector<int>& awaited);
   // The PeerTimeout that ends a wait: "no progress for T s waiting for
   // <what> (<why>)"; `unreachable` becomes its list (see PeerTimeout).
@@ -133,6 +150,9 @@ class PeerClock {
   double timeout_s_ = 0;  // 0: wait forever
   Liveness* judge_ = nullptr;
   Clock::time_point last_ = Clock::now();
+  // Inside a series of judgments: the next one is due at again_.
+  bool judging_ = false;
+  Clock::time_point again_{};
 };
 
 // Polls `done` (true once the wait is over) at `pace`, with `clock`'s

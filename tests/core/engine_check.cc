@@ -6,6 +6,7 @@
 // "<N> checks, <F> failures".
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -306,6 +307,47 @@ void SilentRank() {
   });
 }
 
+// One rank reaches a set-up step 3 s late (`step`: the set-up group's split
+// right after the settings are agreed, or the node-group check's split by
+// machine): every other rank's Context::Create ends with an error that
+// says set-up failed, within the peer timeout and the judge's looks (0.5 s
+// and 0.5 s here), while that rank is still held; then it fails too.
+// Nothing waits for it.
+void LateToASetupStep(const char* step, int ranks, const char* local_size) {
+  Settings settings{{"DDL_PEER_TIMEOUT_S", "0.5"}, {"DDL_ALLREDUCE", "auto"},
+                    {"DDL_LOCAL_SIZE", local_size}};
+  const int late = ranks - 1;
+  const double held_s = 3;
+  std::atomic<bool> held{false};
+  ddl_test::SplitHook() = [&](const char* at, int world_rank) {
+    if (world_rank != late || std::strcmp(at, step) != 0 || held.exchange(true)) return;
+    std::this_thread::sleep_for(std::chrono::duration<double>(held_s));
+  };
+  InProcessGroup group(ranks, 1 << 16);
+  std::vector<std::string> errors(ranks);
+  std::vector<double> seconds(ranks);
+  const auto start = Clock::now();
+  group.Run([&](int r) {
+    std::unique_ptr<Context> ctx;
+    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
+    seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+    errors[r] = s.ok() ? "" : s.message();
+  });
+  ddl_test::SplitHook() = nullptr;
+  const std::string where = std::string(" (rank late to the ") + step + ")";
+  Expect(held, std::string("the late rank reached the ") + step + where);
+  for (int r = 0; r < ranks; ++r) {
+    Expect(Contains(errors[r], "setting up the") && Contains(errors[r], "no progress for 0.5 s"),
+           "set-up fails with the peer timeout" + R(r) + where + ": " + errors[r]);
+    if (r == late) continue;
+    Expect(seconds[r] < 2.5, "set-up fails within the timeout and the judge's looks" + R(r) +
+                                 where + ": " + std::to_string(seconds[r]) + " s");
+  }
+}
+
+void LateToTheSetupSplit() { LateToASetupStep("split", 3, "1"); }
+void LateToTheNodeGroupCheck() { LateToASetupStep("split by machine", 4, "2"); }
+
 // Rank 2 runs its engine but never offers "x": after DDL_STALL_TIMEOUT_S
 // the coordinator's verdict fails every pending work on every rank,
 // naming the missing rank.
@@ -527,6 +569,8 @@ int main(int argc, char** argv) {
       {"shutdown", ShutdownInTheMiddleOfACycle},
       {"stall", StallVerdict},
       {"silent", SilentRank},
+      {"late-split", LateToTheSetupSplit},
+      {"late-node-check", LateToTheNodeGroupCheck},
   };
   if (only == "small-shm") {  // only inside its mount namespace (see SmallDevShm)
     SmallDevShm();

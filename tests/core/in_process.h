@@ -269,6 +269,14 @@ class InProcessGroup {
   std::shared_ptr<Network> network_;
 };
 
+// Called by every thread-rank as it enters Split ("split") or
+// SplitByMachine ("split by machine"), with its world rank: a check may
+// hold one rank there (a rank that reaches a set-up step late, or never).
+inline std::function<void(const char* step, int world_rank)>& SplitHook() {
+  static std::function<void(const char*, int)> hook;
+  return hook;
+}
+
 // One rank's view of the group. Sends are buffered (they complete at once);
 // a receive completes in Wait. So a send buffer changed before its Wait,
 // which MPI leaves undefined, goes unnoticed here.
@@ -325,6 +333,15 @@ class InProcessRank : public ddl::Group {
 
   // Group.
   std::unique_ptr<ddl::Group> Split(int color, int key) override {
+    if (SplitHook()) SplitHook()("split", WorldRank(rank_));
+    return SplitNow(color, key);
+  }
+  // Threads share one machine.
+  std::unique_ptr<ddl::Group> SplitByMachine(int key) override {
+    if (SplitHook()) SplitHook()("split by machine", WorldRank(rank_));
+    return SplitNow(0, key);
+  }
+  std::unique_ptr<ddl::Group> SplitNow(int color, int key) {
     const int64_t mine[2] = {color, key};
     const char* p = reinterpret_cast<const char*>(mine);
     auto all = Exchange(std::vector<char>(p, p + sizeof mine));
@@ -346,8 +363,6 @@ class InProcessRank : public ddl::Group {
     return std::make_unique<InProcessRank>(group_.Child(seq, color, std::move(world_ranks)),
                                            new_rank);
   }
-  // Threads share one machine.
-  std::unique_ptr<ddl::Group> SplitByMachine(int key) override { return Split(0, key); }
   void Broadcast(void* data, size_t bytes, int root) override {
     const char* p = static_cast<const char*>(data);
     auto all = Exchange(rank_ == root ? std::vector<char>(p, p + bytes) : std::vector<char>());

@@ -4,6 +4,10 @@
 // bytes per second, per link (node links and uplinks), set by a check;
 // unset links are instant, and a silenced node's link passes nothing.
 //
+// Links can also stall together (SetStalls): every link passes nothing
+// for part of each period, as links do when a switch's buffers fill or
+// ranks that outnumber cores leave them idle, then moves on.
+//
 // A message between nodes crosses every link on its path at once (cut
 // through), and each link shares its rate equally among the messages on it
 // (as TCP flows share a link), so many messages over a slow uplink all
@@ -15,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -43,6 +48,14 @@ class Network {
     node_rate_ = node_link;
     uplink_rate_ = uplink;
   }
+  // From now on, every link passes nothing for `stall_s` seconds at the
+  // end of each `period_s` (0 < stall_s < period_s).
+  void SetStalls(double period_s, double stall_s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stall_origin_ = Clock::now();
+    period_s_ = period_s;
+    stall_s_ = stall_s;
+  }
   // Node `node`'s link passes nothing of the messages sent from now on.
   void Silence(int node) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -63,12 +76,13 @@ class Network {
     }
     path.push_back({LinkId(3, b), NodeRate(b)});
     const auto now = Clock::now();
+    const auto link_now = LinkTime(now);
     Message m{from, to, static_cast<double>(bytes), {}, now};
     double slowest = kInstant;
     for (const auto& [id, rate] : path) {
       if (rate == kInstant) continue;
       Link& link = links_[id];
-      Advance(link, now);
+      Advance(link, link_now);
       link.rate = rate;
       link.active[next_id_] = m.bytes;
       m.links.push_back(id);
@@ -90,7 +104,7 @@ class Network {
     if (it == messages_.end()) return true;  // counted and forgotten
     const auto now = Clock::now();
     if (now < it->second.earliest) return false;
-    for (int link : it->second.links) Advance(links_[link], now);
+    for (int link : it->second.links) Advance(links_[link], LinkTime(now));
     return Settle(id);
   }
 
@@ -101,10 +115,11 @@ class Network {
     auto it = messages_.find(id);
     if (id == kNoMessage || it == messages_.end()) return Clock::now();
     const auto now = Clock::now();
+    const auto link_now = LinkTime(now);
     Clock::time_point latest = now;
     for (int id_link : it->second.links) {
       Link& link = links_[id_link];
-      Advance(link, now);
+      Advance(link, link_now);
       auto mine = link.active.find(id);
       if (mine == link.active.end()) continue;
       if (link.rate <= 0) return Clock::time_point::max();
@@ -121,7 +136,9 @@ class Network {
         --n;
         if (r >= mine->second) break;
       }
-      latest = std::max(latest, link.last + Seconds(t));
+      // In link time, which runs no faster than the clock: at worst a
+      // waiter looks too early, and again.
+      latest = std::max(latest, now + (link.last - link_now) + Seconds(t));
     }
     return latest;
   }
@@ -130,7 +147,7 @@ class Network {
   // its path's links so far; any thread.
   uint64_t MovedBytes(int w) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto now = Clock::now();
+    const auto now = LinkTime(Clock::now());
     for (auto& [id, link] : links_) Advance(link, now);
     double moving = 0;
     for (const auto& [id, m] : messages_) {
@@ -148,7 +165,7 @@ class Network {
  private:
   struct Link {
     double rate = kInstant;
-    Clock::time_point last = Clock::now();
+    Clock::time_point last{};  // in link time (LinkTime)
     std::map<int64_t, double> active;  // message -> bytes still to pass
   };
   struct Message {
@@ -162,6 +179,16 @@ class Network {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }
   int LinkId(int kind, int index) const { return index * 4 + kind; }
+  // The links' own clock: the time less every stall so far, so links
+  // advanced to it pass nothing during a stall.
+  Clock::time_point LinkTime(Clock::time_point now) const {
+    if (period_s_ <= 0 || now <= stall_origin_) return now;
+    const double since = std::chrono::duration<double>(now - stall_origin_).count();
+    const double periods = std::floor(since / period_s_);
+    const double into = since - periods * period_s_;
+    const double stalled = periods * stall_s_ + std::max(0.0, into - (period_s_ - stall_s_));
+    return now - Seconds(stalled);
+  }
   double NodeRate(int node) const { return silent_.count(node) ? 0 : node_rate_; }
 
   // Moves the link's clock to `now`, sharing its rate among its messages;
@@ -203,6 +230,8 @@ class Network {
   int ranks_per_node_ = 1, nodes_per_rack_ = std::numeric_limits<int>::max();
   double node_rate_ = kInstant, uplink_rate_ = kInstant;
   std::set<int> silent_;
+  Clock::time_point stall_origin_{};
+  double period_s_ = 0, stall_s_ = 0;
   std::map<int, Link> links_;
   std::map<int64_t, Message> messages_;
   std::map<int, uint64_t> done_;
