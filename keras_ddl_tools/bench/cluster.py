@@ -28,12 +28,18 @@ import tempfile
 from ..cluster import MPI_ENV, NetnsCluster, find_mpiexec, parse_rate
 from .fit import _print_rows
 
-ALGORITHMS = ("auto", "hierarchical", "flat", "racks", "racks-fp16up", "probe")
+ALGORITHMS = ("auto", "hierarchical", "flat", "racks", "racks-fp16up", "probe", "none",
+              "unknown")
 # What each name sets in the ranks' environment (otherwise DDL_ALLREDUCE=name).
-# probe: auto with the racks measured at init (with --no-topology, what a
-# job nobody described gets from DDL_TOPOLOGY=probe).
+# probe: auto with the racks measured at init (DDL_TOPOLOGY=probe; with
+# --no-topology auto probes by default from 3 nodes on); none: auto told
+# one switch (DDL_TOPOLOGY=none: the pairwise schedule for large calls);
+# unknown: auto told nothing and not probing (DDL_TOPOLOGY=unknown: the
+# chain for large calls across 3 or more nodes).
 ALGORITHM_ENV = {"racks-fp16up": {"DDL_ALLREDUCE": "racks", "DDL_UPLINK_COMPRESSION": "fp16"},
-                 "probe": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "probe"}}
+                 "probe": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "probe"},
+                 "none": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "none"},
+                 "unknown": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "unknown"}}
 DEFAULT_ALGORITHMS = ("auto", "hierarchical", "flat")
 
 
@@ -106,7 +112,7 @@ def run(args, sizes, human_bytes):
     for a in algorithms:
         if a not in ALGORITHMS:
             raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
-    runs, gradient_runs, networks, probe_seconds = {}, [], {}, {}
+    runs, gradient_runs, networks, probe_seconds, launches = {}, [], {}, {}, {}
     cluster = NetnsCluster(nodes // racks, args.rate, burst=args.burst, racks=racks,
                            uplink=uplink, tell_topology=told)
     with cluster, tempfile.TemporaryDirectory() as tmp:
@@ -121,6 +127,9 @@ def run(args, sizes, human_bytes):
                     networks.setdefault(a, payload["network"])
                     probe_seconds.setdefault(a, []).append(
                         payload["network"].get("probe_seconds", 0.0))
+                    launches.setdefault(a, []).append(
+                        {k: payload["network"].get(k) for k in
+                         ("schedule", "probe_verdict", "probe_seconds")})
                 if "resnet50_gradients" in payload:
                     gradient_runs.append(payload["resnet50_gradients"])
     table = []
@@ -173,8 +182,10 @@ def run(args, sizes, human_bytes):
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
     _print_rows(title, [{c: row.get(c, "-") for c in columns} for row in table])
     for a, network in networks.items():
-        probe = (f" (DDL_TOPOLOGY=probe took {statistics.median(probe_seconds[a]):.2f} s at "
-                 "init, median of the launches)" if network.get("probe_seconds") else "")
+        probe = (f" (the probe took {statistics.median(probe_seconds[a]):.2f} s at init, median "
+                 "of the launches; verdicts: "
+                 + ", ".join(str(x["probe_verdict"]) for x in launches[a]) + ")"
+                 if network.get("probe_seconds") else "")
         print(f"# {a}: large calls across nodes ran '{network['schedule']}'{probe}: "
               f"{network['description']}")
     gradients = _gradient_table(gradient_runs, algorithms[0])
@@ -192,7 +203,10 @@ def run(args, sizes, human_bytes):
                                # first launch's; the probe's seconds of every launch).
                                "schedules": [{"method": a, "schedule": n["schedule"],
                                               "probe_seconds": statistics.median(
-                                                  probe_seconds[a])}
+                                                  probe_seconds[a]),
+                                              "probe_verdict": ", ".join(
+                                                  str(x["probe_verdict"] or "-")
+                                                  for x in launches[a])}
                                              for a, n in networks.items()],
                                "burst_bytes": cluster.burst, "rows": table, "raw": runs,
                                **({"gradients": gradients} if gradients else {})})
