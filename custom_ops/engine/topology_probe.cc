@@ -61,18 +61,22 @@ double Round(Group& leaders, int d, size_t bytes, std::vector<char>& out, std::v
 }
 
 // The bytes of every round: doubled from kProbeBytes until the slowest
-// receive of the first round takes kProbeRoundSeconds. Long rounds time
-// the links rather than the messages' fixed costs and the moments the
-// receivers leave the round's start apart (milliseconds where ranks share
-// cores); the slowest receive, not the median, stops the doubling because
-// a pair behind a slow uplink in this round is slower still in the rounds
-// with more flows across, which the probe's total must stay short for.
+// receive of a round at distance K/2 takes kProbeRoundSeconds. Long
+// rounds time the links rather than the messages' fixed costs and the
+// moments the receivers leave the round's start (milliseconds where ranks
+// share cores). The round at distance K/2 is the one where, with racks
+// listed rack by rack, every flow crosses an uplink: sized by it, the
+// rounds stay short behind slow uplinks (2 racks x 8 nodes behind
+// 100 Mbit/s: 256 KiB, where the round at distance 1, one flow across and
+// a token bucket's burst, doubled to 512 KiB and the pass to 2.7 s), and
+// on one switch it is a round like any other.
 size_t RoundBytes(Group& leaders, std::vector<char>& out, std::vector<char>& in) {
+  const int farthest = std::max(1, leaders.size() / 2);
   size_t bytes = kProbeBytes;
   for (;;) {
     out.assign(bytes, 1);
     in.resize(bytes);
-    const double seconds = Round(leaders, 1, bytes, out, in);
+    const double seconds = Round(leaders, farthest, bytes, out, in);
     std::vector<int64_t> all = leaders.AllgatherInt64(static_cast<int64_t>(seconds * 1e6));
     const int64_t slowest = *std::max_element(all.begin(), all.end());
     if (slowest >= static_cast<int64_t>(kProbeRoundSeconds * 1e6) || bytes >= kProbeMaxBytes) {

@@ -38,10 +38,10 @@
 namespace ddl {
 
 // Bytes every node sends in each round: kProbeBytes, doubled (up to
-// kProbeMaxBytes) until the first round's slowest receive takes
-// kProbeRoundSeconds, so a round times the links rather than the fixed
-// costs of its messages and the receivers' start skew on fast links, and
-// stays short behind slow uplinks.
+// kProbeMaxBytes) until the slowest receive of a round at distance K/2
+// takes kProbeRoundSeconds, so a round times the links rather than the
+// fixed costs of its messages and the receivers' start skew on fast
+// links, and stays short behind slow uplinks (RoundBytes says why K/2).
 constexpr size_t kProbeBytes = 256 << 10;
 constexpr size_t kProbeMaxBytes = 64 << 20;
 constexpr double kProbeRoundSeconds = 0.02;
