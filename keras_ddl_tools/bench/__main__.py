@@ -42,6 +42,9 @@ def parse(argv):
                                          "also runs fp16; racks-fp16up: racks with "
                                          "DDL_UPLINK_COMPRESSION=fp16; probe, none, unknown: "
                                          "auto with DDL_TOPOLOGY=probe, none or unknown)")
+    ar.add_argument("--no-fp16", action="store_true",
+                    help="with --cluster: the first algorithm's launches skip the fp16 timings "
+                         "too, so every algorithm is timed alike")
     ar.add_argument("--with-resnet", action="store_true",
                     help="with --cluster: the first algorithm's launches also time the ResNet-50 "
                          "gradient list against mpi4py (a second table)")

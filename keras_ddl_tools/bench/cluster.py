@@ -119,7 +119,8 @@ def run(args, sizes, human_bytes):
         for rnd in range(args.rounds):
             for a in algorithms:
                 first = a == algorithms[0]
-                payload = _launch(cluster, per_node, a, args, sizes, fp16=first,
+                payload = _launch(cluster, per_node, a, args, sizes,
+                                  fp16=first and not getattr(args, "no_fp16", False),
                                   json_path=os.path.join(tmp, f"{a}.{rnd}.json"),
                                   gradients=first and getattr(args, "with_resnet", False))
                 runs.setdefault(a, []).append(payload["allreduce"])
@@ -145,10 +146,10 @@ def run(args, sizes, human_bytes):
             row[f"{a}/mpi"] = statistics.median(b / t for b, t in zip(base, times))
             wrong += sum(r[i]["wrong"] for r in runs[a])
         row["mpi_us"] = statistics.median(r[i]["baseline_us"] for r in runs[first])
-        fp16 = [r[i]["fp16_us"] for r in runs[first]]
-        row["fp16_us"] = statistics.median(fp16)
-        row["fp16_speedup"] = statistics.median(
-            r[i]["time_us"] / r[i]["fp16_us"] for r in runs[first])
+        if all("fp16_us" in r[i] for r in runs[first]):
+            row["fp16_us"] = statistics.median(r[i]["fp16_us"] for r in runs[first])
+            row["fp16_speedup"] = statistics.median(
+                r[i]["time_us"] / r[i]["fp16_us"] for r in runs[first])
         row[f"{first}_of_bound"] = bound * 1e6 / row[f"{first}_us"]
         row["mpi_of_bound"] = bound * 1e6 / row["mpi_us"]
         # fp16 on the uplinks rounds: a faster result, not the same one
@@ -210,7 +211,7 @@ def run(args, sizes, human_bytes):
                                              for a, n in networks.items()],
                                "burst_bytes": cluster.burst, "rows": table, "raw": runs,
                                **({"gradients": gradients} if gradients else {})})
-    if args.plot:
+    if args.plot and "fp16_us" in table[0]:
         _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)
 
 
