@@ -196,7 +196,7 @@ def view_racks_allreduce(result, sizes=None):
 # ... --no-topology` (its --algorithms). `auto` is the default: since the
 # probe runs by default, a results file whose auto ran the chain without
 # probing shows what DDL_TOPOLOGY=unknown runs (_untold_label).
-UNTOLD_LABELS = {"auto": "auto, nothing told", "flat": "one-switch schedules",
+UNTOLD_LABELS = {"auto": "default (nothing told)", "flat": "one-switch schedules",
                  "hierarchical": "one-switch schedules", "probe": "auto, DDL_TOPOLOGY=probe",
                  "racks": "racks asked for", "none": "DDL_TOPOLOGY=none (pairwise)",
                  "unknown": "DDL_TOPOLOGY=unknown (chain)"}
@@ -220,6 +220,12 @@ def _paired(row, numerator, denominator):
     return {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
 
 
+def _share_of_bound(row, field):
+    """Median and range over the launches of the bound / the field's time."""
+    shares = [row["bound_us"]["median"] / t for t in row[field]["values"]]
+    return {"median": statistics.median(shares), "min": min(shares), "max": max(shares)}
+
+
 def view_untold_allreduce(result, sizes=None):
     """bench allreduce --cluster RxNxL (or KxL, one switch) --no-topology:
     a network nobody described; each method asked for (auto, the one-switch
@@ -231,10 +237,12 @@ def view_untold_allreduce(result, sizes=None):
     rows = _rows(result, "rows", sizes)
     schedules = _rows(result, "schedules")
     methods = [s["key"] for s in schedules]
-    first = methods[0]
     names = {s["key"]: _untold_label(s["key"], s) for s in schedules}
+    # The default (auto, when it probed) is the column the others are
+    # compared with, wherever it was launched; otherwise the first method.
+    first = "auto" if names.get("auto") == UNTOLD_LABELS["auto"] else methods[0]
     label = lambda m: names.get(m, m)  # noqa: E731
-    others = methods[1:]
+    others = [m for m in methods if m != first]
     head = (["size", "bound (ms)", "MPICH (ms)"] + [f"{label(m)} (ms)" for m in methods] +
             [f"{label(first)}: share of the bound"] + [f"{label(m)}: over MPICH" for m in methods]
             + [f"{label(first)}: over {label(m)}" for m in others])
@@ -243,7 +251,7 @@ def view_untold_allreduce(result, sizes=None):
     for r in rows:
         cells = ([r["key"], _ms(r["bound_us"]["median"]), _range(r["mpi_us"], _ms)] +
                  [_range(r[f"{m}_us"], _ms) for m in methods] +
-                 [_range(r[f"{first}_of_bound"], pct)] +
+                 [_range(_share_of_bound(r, f"{first}_us"), pct)] +
                  [_range(r[f"{m}/mpi"], _ratio) for m in methods] +
                  [_range(_paired(r, f"{m}_us", f"{first}_us"), _ratio) for m in others])
         lines.append("| " + " | ".join(cells) + " |")
@@ -437,6 +445,13 @@ VIEWS = {
     "racks_2x8x1_untold.allreduce": ("racks_2x8x1_untold", view_untold_allreduce, {}),
     "racks_2x4x1_4to1_probe.allreduce": ("racks_2x4x1_4to1_probe", view_untold_allreduce, {}),
     "racks_2x4x1_1to1_untold.allreduce": ("racks_2x4x1_1to1_untold", view_untold_allreduce, {}),
+    "racks_2x8x1_default.allreduce": ("racks_2x8x1_default", view_untold_allreduce, {}),
+    "racks_2x4x1_4to1_default.allreduce": ("racks_2x4x1_4to1_default", view_untold_allreduce,
+                                           {}),
+    "racks_2x4x1_1to1_default.allreduce": ("racks_2x4x1_1to1_default", view_untold_allreduce,
+                                           {}),
+    "switch_4x1_default.allreduce": ("switch_4x1_default", view_untold_allreduce, {}),
+    "switch_8x1_default.allreduce": ("switch_8x1_default", view_untold_allreduce, {}),
 }
 
 
