@@ -117,7 +117,8 @@ Status Context::LearnRacks() {
   std::vector<std::string> hosts = topology.host_of_node;
   std::sort(hosts.begin(), hosts.end());
   const bool own_hosts = std::adjacent_find(hosts.begin(), hosts.end()) == hosts.end();
-  const bool by_default = topology.source.empty() && node_count >= 3 && own_hosts && process_set == 0;
+  const bool by_default =
+      topology.source.empty() && node_count >= 3 && own_hosts && process_set == 0;
   if (topology.source == "probe" || by_default) {
     // Measured by the whole job once; a process set takes the chain, as a
     // network nobody described (docs/untold_network.md).

@@ -78,7 +78,8 @@ void CheckDetect() {
   p = Detect({{"DDL_TOPOLOGY", " unknown"}, {"SLURM_TOPOLOGY_ADDR", "s1.n1"}}, "n1");
   Expect(p.error.empty() && p.rack.empty() && p.source == "unknown", "DDL_TOPOLOGY=unknown");
   p = Detect({{"DDL_TOPOLOGY", "unknwon"}}, "n1");
-  Expect(Contains(p.error, "none, probe or unknown"), "a misspelt word names the words: " + p.error);
+  Expect(Contains(p.error, "none, probe or unknown"),
+         "a misspelt word names the words: " + p.error);
   Expect(RankRuns({0, 1, 2, 3, 6, 9, 10}) == "0-3, 6, 9-10", "rank runs");
 }
 
