@@ -18,6 +18,7 @@ Standard library only.
 import argparse
 import os
 import re
+import statistics
 import sys
 
 from . import results as R
@@ -192,37 +193,67 @@ def view_racks_allreduce(result, sizes=None):
 
 
 # How the untold views name each method of `bench allreduce --cluster
-# ... --no-topology` (its --algorithms).
-UNTOLD_LABELS = {"auto": "auto, nothing told", "flat": "one-switch schedules",
+# ... --no-topology` (its --algorithms). `auto` is the default: since the
+# probe runs by default, a results file whose auto ran the chain without
+# probing shows what DDL_TOPOLOGY=unknown runs (_untold_label).
+UNTOLD_LABELS = {"auto": "default (nothing told)", "flat": "one-switch schedules",
                  "hierarchical": "one-switch schedules", "probe": "auto, DDL_TOPOLOGY=probe",
-                 "racks": "racks asked for"}
+                 "racks": "racks asked for", "none": "DDL_TOPOLOGY=none (pairwise)",
+                 "unknown": "DDL_TOPOLOGY=unknown (chain)"}
+
+
+def _untold_label(method, schedule_row):
+    """A method's column name; `auto` that ran the chain without a probe
+    (results files made before the probe ran by default) is the chain as
+    DDL_TOPOLOGY=unknown gives it now."""
+    probe = schedule_row.get("probe_seconds")
+    probed = isinstance(probe, dict) and probe["max"] > 0
+    if method == "auto" and schedule_row.get("schedule") == "chain" and not probed:
+        return "the chain (no probe)"
+    return UNTOLD_LABELS.get(method, method)
+
+
+def _paired(row, numerator, denominator):
+    """Median and range over the launches of numerator / denominator, each
+    launch's own pair (the methods alternate within a launch)."""
+    pairs = [a / b for a, b in zip(row[numerator]["values"], row[denominator]["values"])]
+    return {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
+
+
+def _share_of_bound(row, field):
+    """Median and range over the launches of the bound / the field's time."""
+    shares = [row["bound_us"]["median"] / t for t in row[field]["values"]]
+    return {"median": statistics.median(shares), "min": min(shares), "max": max(shares)}
 
 
 def view_untold_allreduce(result, sizes=None):
-    """bench allreduce --cluster RxNxL --no-topology: racks nobody
-    described; each method asked for (auto, the one-switch schedules, the
-    probe) against MPICH in the same launch, what each ran across nodes,
-    and the first method's share of the bound."""
+    """bench allreduce --cluster RxNxL (or KxL, one switch) --no-topology:
+    a network nobody described; each method asked for (auto, the one-switch
+    schedules, DDL_TOPOLOGY=probe, none or unknown) against MPICH in the
+    same launch, what each ran across nodes (with the probe's verdicts and
+    seconds), the first method's share of the bound, and the first method
+    against each other one."""
     launch = result["launches"][0]
     rows = _rows(result, "rows", sizes)
     schedules = _rows(result, "schedules")
     methods = [s["key"] for s in schedules]
-    first = methods[0]
-    label = lambda m: UNTOLD_LABELS.get(m, m)  # noqa: E731
+    names = {s["key"]: _untold_label(s["key"], s) for s in schedules}
+    # The default (auto, when it probed) is the column the others are
+    # compared with, wherever it was launched; otherwise the first method.
+    first = "auto" if names.get("auto") == UNTOLD_LABELS["auto"] else methods[0]
+    label = lambda m: names.get(m, m)  # noqa: E731
+    others = [m for m in methods if m != first]
     head = (["size", "bound (ms)", "MPICH (ms)"] + [f"{label(m)} (ms)" for m in methods] +
-            [f"{label(first)}: share of the bound"] + [f"{label(m)}: over MPICH" for m in methods])
-    two_level = next((m for m in methods if m in ("flat", "hierarchical")), None)
-    if two_level and two_level != first:
-        head.append(f"{label(first)}: over the one-switch schedules")
+            [f"{label(first)}: share of the bound"] + [f"{label(m)}: over MPICH" for m in methods]
+            + [f"{label(first)}: over {label(m)}" for m in others])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
     for r in rows:
         cells = ([r["key"], _ms(r["bound_us"]["median"]), _range(r["mpi_us"], _ms)] +
                  [_range(r[f"{m}_us"], _ms) for m in methods] +
-                 [_range(r[f"{first}_of_bound"], pct)] +
-                 [_range(r[f"{m}/mpi"], _ratio) for m in methods])
-        if two_level and two_level != first:
-            cells.append(_range(r[f"{two_level}/{first}"], _ratio))
+                 [_range(_share_of_bound(r, f"{first}_us"), pct)] +
+                 [_range(r[f"{m}/mpi"], _ratio) for m in methods] +
+                 [_range(_paired(r, f"{m}_us", f"{first}_us"), _ratio) for m in others])
         lines.append("| " + " | ".join(cells) + " |")
 
     def ran(s):
@@ -230,22 +261,34 @@ def view_untold_allreduce(result, sizes=None):
             sorted(set(s["schedule"]["values"])))
         probe = s.get("probe_seconds")
         if isinstance(probe, dict) and probe["max"] > 0:
+            verdicts = s.get("probe_verdict")
+            verdicts = (verdicts["values"] if isinstance(verdicts, dict) else
+                        [verdicts] * len(probe["values"]) if verdicts else [])
             what += (f", after a start-up probe of {probe['median']:.2f} s "
-                     f"({probe['min']:.2f}-{probe['max']:.2f})")
+                     f"({probe['min']:.2f}-{probe['max']:.2f})"
+                     + (f" whose verdicts were: {', '.join(verdicts)}" if verdicts else ""))
         return f"{s['key']}: {what}"
     racks, nodes = launch.get("racks", 1), launch.get("nodes", 0)
-    lines += ["", f"{racks} racks x {nodes // max(racks, 1)} nodes x "
-                  f"{launch.get('ranks_per_node', '?')} rank(s) per node, network namespaces "
-                  f"on one machine: node links {launch.get('rate', '?')} and rack uplinks "
-                  f"{launch.get('uplink', '?')} each way, hosts listed rack by rack; the ranks "
-                  "are told nothing about the racks (no `DDL_TOPOLOGY`, no "
-                  "`SLURM_TOPOLOGY_ADDR`)"
-                  + ("; `probe` sets `DDL_TOPOLOGY=probe`: the ranks measure the racks at "
-                     "init" if "probe" in methods else "") + "; float32 sum. "
+    told = {"probe": "`probe` sets `DDL_TOPOLOGY=probe`", "none": "`none` sets "
+            "`DDL_TOPOLOGY=none` (one switch: the pairwise schedule)", "unknown": "`unknown` "
+            "sets `DDL_TOPOLOGY=unknown` (no racks, no probe: the chain)"}
+    shape = (f"{racks} racks x {nodes // max(racks, 1)} nodes x "
+             f"{launch.get('ranks_per_node', '?')} rank(s) per node, network namespaces on one "
+             f"machine: node links {launch.get('rate', '?')} and rack uplinks "
+             f"{launch.get('uplink', '?')} each way, hosts listed rack by rack"
+             if racks > 1 else
+             f"{nodes} nodes x {launch.get('ranks_per_node', '?')} rank(s) per node on one "
+             f"switch (one bridge), network namespaces on one machine: node links "
+             f"{launch.get('rate', '?')} each way")
+    bound = ("max(2(K-1)/K x size / node link, 2(R-1)/R x size / uplink) for K nodes in R racks"
+             if racks > 1 else "2(K-1)/K x size / node link for K nodes")
+    lines += ["", shape + "; the ranks are told nothing about the network (no `DDL_TOPOLOGY`, "
+                  "no `SLURM_TOPOLOGY_ADDR`)"
+                  + "".join(f"; {told[m]}" for m in methods if m in told) + "; float32 sum. "
                   "What large calls across nodes ran (`ddl.topology()['schedule']`): "
-                  + "; ".join(ran(s) for s in schedules) + ". The bound is max(2(K-1)/K x "
-                  "size / node link, 2(R-1)/R x size / uplink) for K nodes in R racks; X over "
-                  "Y = Y's time / X's time in the same launch.", "", _source(result)]
+                  + "; ".join(ran(s) for s in schedules) + f". The bound is {bound}; X over "
+                  "MPICH = MPICH's time / X's time in the same launch; X over Y = Y's time / "
+                  "X's time, X and Y launched one after the other.", "", _source(result)]
     return lines
 
 
@@ -402,6 +445,13 @@ VIEWS = {
     "racks_2x8x1_untold.allreduce": ("racks_2x8x1_untold", view_untold_allreduce, {}),
     "racks_2x4x1_4to1_probe.allreduce": ("racks_2x4x1_4to1_probe", view_untold_allreduce, {}),
     "racks_2x4x1_1to1_untold.allreduce": ("racks_2x4x1_1to1_untold", view_untold_allreduce, {}),
+    "racks_2x8x1_default.allreduce": ("racks_2x8x1_default", view_untold_allreduce, {}),
+    "racks_2x4x1_4to1_default.allreduce": ("racks_2x4x1_4to1_default", view_untold_allreduce,
+                                           {}),
+    "racks_2x4x1_1to1_default.allreduce": ("racks_2x4x1_1to1_default", view_untold_allreduce,
+                                           {}),
+    "switch_4x1_default.allreduce": ("switch_4x1_default", view_untold_allreduce, {}),
+    "switch_8x1_default.allreduce": ("switch_8x1_default", view_untold_allreduce, {}),
 }
 
 

@@ -5,12 +5,14 @@ the promised order, and each uplink carried what the rack allreduce must
 send across it, 2(R-1)/R of the buffer per rack, and not much more: a flat
 schedule over the 4 nodes would send about 1.75x that (pairwise
 reduce-scatter: half of every buffer; ring all-gather: three quarters).
-Then, in the same launch, the ranks are told nothing (a second init
-without Slurm's variables): they say so, large calls take the chain in
-rank order, results are bitwise in rank order, and the chain crosses each
-uplink with the buffer once each way, as the rack allreduce does here.
-Last, with DDL_TOPOLOGY=probe, every rank holds rank 0's measured verdict,
-racks only when they are the right ones, and rank 0 prints its table."""
+Then, in the same launch, the ranks are told no racks and not to probe (a
+second init without Slurm's variables, DDL_TOPOLOGY=unknown): they say so,
+large calls take the chain in rank order, results are bitwise in rank
+order, and the chain crosses each uplink with the buffer once each way, as
+the rack allreduce does here. Last, told nothing at all, the ranks probe by
+default: every rank holds rank 0's measured verdict, racks only when they
+are the right ones (never one switch behind these uplinks), and rank 0
+prints its table."""
 
 import json
 import re
@@ -70,10 +72,12 @@ def test_uplinks_carried_what_the_rack_allreduce_sends_across(launcher):
     chained = untold[0]["flat_bytes"]
     assert chained > 48e6, records
     payload += chained
-    # Last, DDL_TOPOLOGY=probe: in each of 3 rounds a pass sends at most 2
-    # messages of 256 KiB across each uplink each way (100 Mbit/s keeps
-    # them at the first size), up to 2 passes after the sizing round.
-    probe = (1 + 2 * 4) * (256 << 10)
+    # Last, the default probe: its sizing rounds at distance 2 send 2
+    # messages across each uplink each way, doubled from 256 KiB until the
+    # slowest takes 20 ms (at 12.5 MB/s shared by 2: 512 KiB at most, the
+    # token bucket's burst included); then in rounds d = 1, 2, 3 a pass
+    # sends 1, 2 and 1 messages of that size across, up to 3 passes.
+    probe = 2 * ((256 << 10) + (512 << 10)) + 3 * 4 * (512 << 10)
     for rack, (out, arrived) in enumerate(uplinks):
         assert payload <= out <= 1.2 * payload + probe, (rack, out, arrived, payload)
         assert payload <= arrived <= 1.2 * payload + probe, (rack, out, arrived, payload)
@@ -84,8 +88,12 @@ def test_the_probe_printed_what_it_measured(launcher):
     proc, _, _ = racks_run(launcher)
     # What the untold and probe parts add to the launch (shown with -rP).
     print("\n".join(re.findall(r"^DDLPART .*$", proc.stdout, re.M)))
+    # Printed once: by default only with DDL_PRINT_TOPOLOGY=1 (the third part).
+    assert proc.stderr.count("keras_ddl topology probe:") == 1, proc.stderr[-3000:]
     at = proc.stderr.find("keras_ddl topology probe: 4 nodes")
     assert at >= 0, proc.stderr[-3000:]
     table = proc.stderr[at:]
     assert re.search(r"pair rates in MB/s.*\n.*node 3 \(p\d\)", table, re.S), table[:2000]
-    assert re.search(r"verdict: (racks|one switch|unclear)", table), table[:2000]
+    assert re.search(r"verdict: (racks|unclear)", table), table[:2000]
+    assert re.search(r"\[keras_ddl\] topology: no topology given, so the node leaders probed",
+                     table), table[:3000]

@@ -107,18 +107,34 @@ Status Context::LearnRacks() {
   const RackPlace mine = DetectRack(racks_from_ ? racks_from_ : process, HostName());
   Status s = AgreeOnTopology(*world, mine, node_id, &topology);
   if (!s.ok()) return Status::InvalidArgument(s.message() + Where());
-  if (topology.source == "probe") {
+  // With nothing told, the job probes too when the answer matters: with 3
+  // or more nodes a network of racks wants the rack allreduce or the
+  // chain, one switch the pairwise schedule. Nodes that DDL_LOCAL_SIZE
+  // cut from one machine share no network to measure, so any two nodes on
+  // one host keep the chain without probing. Every rank decides alike from
+  // the same topology.
+  const int node_count = static_cast<int>(topology.rack_of_node.size());
+  std::vector<std::string> hosts = topology.host_of_node;
+  std::sort(hosts.begin(), hosts.end());
+  const bool own_hosts = std::adjacent_find(hosts.begin(), hosts.end()) == hosts.end();
+  const bool by_default =
+      topology.source.empty() && node_count >= 3 && own_hosts && process_set == 0;
+  if (topology.source == "probe" || by_default) {
     // Measured by the whole job once; a process set takes the chain, as a
     // network nobody described (docs/untold_network.md).
     ProbeVerdict verdict;
+    verdict.reason = "a process set does not probe";
     if (process_set == 0) {
-      std::vector<int> first_rank_of_node(topology.rack_of_node.size(), -1);
+      std::vector<int> first_rank_of_node(node_count, -1);
       for (int r = static_cast<int>(topology.node_of_rank.size()) - 1; r >= 0; --r) {
         first_rank_of_node[topology.node_of_rank[r]] = r;
       }
-      verdict = ProbeRacks(*world, local_rank == 0 ? cross.get() : nullptr, first_rank_of_node);
+      // Asked for, the table is printed; by default only for ddlrun --verbose.
+      verdict = ProbeRacks(*world, local_rank == 0 ? cross.get() : nullptr, first_rank_of_node,
+                           !by_default || config.print_topology == 1);
     }
     ApplyProbeVerdict(verdict, &topology);
+    topology.probed_by_default = by_default;
   }
   const int num_racks = topology.num_racks();
   const bool even = topology.nodes_per_rack > 0 && homogeneous;
@@ -136,7 +152,7 @@ Status Context::LearnRacks() {
   // not grow with the nodes (algorithms/allreduce.h). Every rank reached
   // the same `racks` and `network` from the same topology.
   if (config.allreduce == AllreduceAlgorithm::kAuto && !racks &&
-      (topology.source.empty() || topology.uncertain || num_racks > 1)) {
+      (topology.untold() || num_racks > 1)) {
     network = NetworkShape::kUnknown;
   }
   if (!racks) return Status::Ok();
@@ -304,33 +320,48 @@ Status Context::AgreeOnConfig(Context* ctx, ControlPlane& world) {
 
 std::string Context::DescribeNetwork(std::string* schedule) const {
   const int nodes = static_cast<int>(topology.rack_of_node.size());
+  std::string probe;  // what the probe found, when one ran
+  if (topology.source == "probe" && !topology.probe_verdict.empty()) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.2f", topology.probe_seconds);
+    probe = std::string(topology.probed_by_default
+                            ? "no topology given, so the node leaders probed the network at init"
+                            : "DDL_TOPOLOGY=probe") +
+            " (verdict " + topology.probe_verdict + ": " + topology.probe_reason + "; " +
+            seconds + " s): ";
+  }
   std::string what, how;
   if (racks) {
     what = "racks";
-    how = topology.Describe();
+    how = probe + topology.Describe();
   } else if (nodes <= 1) {
     what = "none";
     how = topology.Describe();
   } else if (network == NetworkShape::kUnknown && nodes >= 3) {
     what = "chain";
-    how = std::string(topology.source.empty() ? "no topology given" : topology.Describe()) +
-          ": allreduces of "+ std::to_string(kChainMinBytes >> 10) +
+    how = probe +
+          (topology.source.empty()         ? std::string("no topology given")
+           : topology.source == "unknown" ? std::string("no topology given (DDL_TOPOLOGY=unknown)")
+                                           : topology.Describe()) +
+          ": allreduces of " + std::to_string(kChainMinBytes >> 10) +
           " KiB or more per rank across the " + std::to_string(nodes) +
           " nodes take the chain in rank order (CHAIN_ALLREDUCE: neighbour links only, two "
           "flows per link)";
   } else {
     what = "pairwise";
-    how = (topology.source.empty() ? "no topology given: " + std::to_string(nodes) + " nodes"
+    how = probe +
+          (topology.source.empty() ? "no topology given: " + std::to_string(nodes) + " nodes"
                                    : topology.Describe()) +
           (nodes == 2 ? "" : config.allreduce == AllreduceAlgorithm::kAuto ? ""
                              : " (DDL_ALLREDUCE asks for the one-switch schedules)") +
           ": large allreduces across nodes take the pairwise reduce-scatter and ring "
           "all-gather (PAIRWISE_RING_ALLREDUCE)";
   }
-  if ((topology.source.empty() || topology.uncertain) && nodes > 1) {
+  if ((topology.untold() || topology.probed_by_default) && nodes > 1) {
     how += "; to describe the racks set DDL_TOPOLOGY=\"RACK=HOST,HOST;RACK=...\", pass "
            "ddlrun -H HOST:SLOTS@RACK, or run under Slurm's topology plugin "
-           "(SLURM_TOPOLOGY_ADDR); DDL_TOPOLOGY=none says one switch";
+           "(SLURM_TOPOLOGY_ADDR); DDL_TOPOLOGY=none says one switch, DDL_TOPOLOGY=unknown "
+           "skips the probe and keeps the chain";
   }
   if (schedule != nullptr) *schedule = what;
   return how;

@@ -37,7 +37,8 @@ RackPlace FromDdlTopology(const std::string& text, const std::string& host) {
   RackPlace p{host, "", "DDL_TOPOLOGY", text, ""};
   if (Trim(text) == "none") return p;
   if (Trim(text) == "probe") return RackPlace{host, "", "probe", text, ""};
-  const std::string form = " (expected RACK=HOST,HOST;RACK=HOST,..., none or probe)";
+  if (Trim(text) == "unknown") return RackPlace{host, "", "unknown", text, ""};
+  const std::string form = " (expected RACK=HOST,HOST;RACK=HOST,..., none, probe or unknown)";
   std::map<std::string, std::string> rack_of_host;
   for (const std::string& entry : Split(text, ';')) {
     if (Trim(entry).empty()) continue;  // a trailing ';'
@@ -131,6 +132,7 @@ struct Offer {
 std::string Saw(const RackPlace& p) {
   if (p.source.empty()) return "no topology (neither DDL_TOPOLOGY nor SLURM_TOPOLOGY_ADDR set)";
   if (p.source == "probe") return "DDL_TOPOLOGY=" + p.setting + " (racks to be measured)";
+  if (p.source == "unknown") return "DDL_TOPOLOGY=" + p.setting + " (no racks, no probe)";
   std::string where = p.rack.empty() ? "one switch" : "rack '" + p.rack + "'";
   return where + " from " + p.source + "=" + p.setting;
 }
@@ -201,6 +203,7 @@ Status Decide(const std::vector<Offer>& offers, Topology* out) {
     if (new_rack) t.racks.push_back(o.place.rack);
     if (new_node) {
       t.rack_of_node.push_back(rack->second);
+      t.host_of_node.push_back(o.place.host);
       ranks_of_node.emplace_back();
     }
     ranks_of_node[node->second].push_back(r);
@@ -247,6 +250,7 @@ std::string Topology::Describe() const {
     const std::string count = std::to_string(nodes) + " node(s)";
     if (uncertain) return "the probe could not tell: " + count;
     if (source.empty()) return "no topology given: " + count;
+    if (source == "unknown") return "no topology given (DDL_TOPOLOGY=unknown): " + count;
     return "one switch: " + count + " (" + source + ")";
   }
   std::string out = std::to_string(racks.size()) + " racks";

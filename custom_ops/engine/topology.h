@@ -6,12 +6,16 @@
 //                  become); "none" for one switch whatever Slurm says;
 //                  "probe" to measure them at start-up (topology_probe.h:
 //                  the agreement gives one switch with source "probe",
-//                  which the probe's verdict then replaces);
+//                  which the probe's verdict then replaces); "unknown"
+//                  for no racks and no probe (source "unknown": the
+//                  schedules of a network nobody described, at once);
 //   SLURM_TOPOLOGY_ADDR / SLURM_TOPOLOGY_ADDR_PATTERN
 //                  Slurm's tree topology: "core.rack1.node3" with
 //                  "switch.switch.node"; the rack is the switch path above
 //                  the node (here "core.rack1");
-// in that order; with neither, one switch (no racks). Then every rank
+// in that order; with neither, no topology given (source ""): the engine
+// then probes the network when the job has 3 or more nodes on hosts of
+// their own (context.cc, docs/untold_network.md). Then every rank
 // offers what it saw to rank 0, which either builds the topology or names
 // the ranks that disagree and what each saw, and tells every rank the
 // same verdict: a disagreement is an error on every rank, never a hang.
@@ -31,7 +35,8 @@ namespace ddl {
 struct RackPlace {
   std::string host;    // this rank's host name
   std::string rack;    // empty: no rack known (one switch)
-  std::string source;  // "DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR" or "" (none)
+  // "DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR", "probe", "unknown" or "" (none)
+  std::string source;
   std::string setting; // the value it came from (the whole DDL_TOPOLOGY text)
   std::string error;   // the environment could not be read; empty if fine
 };
@@ -49,6 +54,7 @@ struct Topology {
   std::vector<int> rack_of_rank;    // index into racks, per rank
   std::vector<int> node_of_rank;    // index of the rank's node in the job
   std::vector<int> rack_of_node;    // index into racks, per node
+  std::vector<std::string> host_of_node;  // the host name of each node's first rank
   std::string source;               // as in RackPlace
   // Nodes in each rack when every rack has as many, otherwise 0.
   int nodes_per_rack = 0;
@@ -57,6 +63,16 @@ struct Topology {
   bool uncertain = false;
   // What the probe took at start-up (source "probe"), rank 0's clock.
   double probe_seconds = 0;
+  // The probe's verdict ("racks", "one switch", "unclear"); empty when no
+  // probe ran.
+  std::string probe_verdict;
+  std::string probe_reason;  // the verdict's one-line why
+  // The probe ran because nothing described the network (no
+  // DDL_TOPOLOGY=probe): source is "probe" since.
+  bool probed_by_default = false;
+  // Nothing (not even the probe) says what the network is: no topology
+  // given, DDL_TOPOLOGY=unknown, or a probe that could not tell.
+  bool untold() const { return source.empty() || source == "unknown" || uncertain; }
   int num_racks() const { return static_cast<int>(racks.size()); }
   // "2 racks x 4 nodes (SLURM_TOPOLOGY_ADDR): rack1 = ranks 0-3, ..."
   std::string Describe() const;

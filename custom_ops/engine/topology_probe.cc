@@ -60,19 +60,26 @@ double Round(Group& leaders, int d, size_t bytes, std::vector<char>& out, std::v
   return seconds;
 }
 
-// The bytes of every round: doubled from kProbeBytes until the median
-// receive of the first round takes kProbeRoundSeconds, so that the rounds
-// time the links, not the messages' fixed costs, whatever the links' speed.
+// The bytes of every round: doubled from kProbeBytes until the slowest
+// receive of a round at distance K/2 takes kProbeRoundSeconds. Long
+// rounds time the links rather than the messages' fixed costs and the
+// moments the receivers leave the round's start (milliseconds where ranks
+// share cores). The round at distance K/2 is the one where, with racks
+// listed rack by rack, every flow crosses an uplink: sized by it, the
+// rounds stay short behind slow uplinks (2 racks x 8 nodes behind
+// 100 Mbit/s: 256 KiB, where the round at distance 1, one flow across and
+// a token bucket's burst, doubled to 512 KiB and the pass to 2.7 s), and
+// on one switch it is a round like any other.
 size_t RoundBytes(Group& leaders, std::vector<char>& out, std::vector<char>& in) {
-  const int k = leaders.size();
+  const int farthest = std::max(1, leaders.size() / 2);
   size_t bytes = kProbeBytes;
   for (;;) {
     out.assign(bytes, 1);
     in.resize(bytes);
-    const double seconds = Round(leaders, 1, bytes, out, in);
+    const double seconds = Round(leaders, farthest, bytes, out, in);
     std::vector<int64_t> all = leaders.AllgatherInt64(static_cast<int64_t>(seconds * 1e6));
-    std::nth_element(all.begin(), all.begin() + k / 2, all.end());
-    if (all[k / 2] >= static_cast<int64_t>(kProbeRoundSeconds * 1e6) || bytes >= kProbeMaxBytes) {
+    const int64_t slowest = *std::max_element(all.begin(), all.end());
+    if (slowest >= static_cast<int64_t>(kProbeRoundSeconds * 1e6) || bytes >= kProbeMaxBytes) {
       return bytes;
     }
     bytes *= 2;
@@ -135,6 +142,12 @@ bool Settled(const std::vector<std::vector<double>>& rate, const ProbeVerdict& v
 
 }  // namespace
 
+const char* VerdictName(ProbeVerdict::Kind kind) {
+  return kind == ProbeVerdict::kRacks       ? "racks"
+         : kind == ProbeVerdict::kOneSwitch ? "one switch"
+                                            : "unclear";
+}
+
 ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate) {
   const int k = static_cast<int>(rate.size());
   ProbeVerdict v;
@@ -153,7 +166,8 @@ ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate) {
   // The fastest tenth's rate: what a pair reaches when nothing holds it
   // back (the median would be an uplink's share with most pairs across).
   const double top = sorted[static_cast<size_t>(0.9 * static_cast<double>(sorted.size() - 1))];
-  const double fast = 0.5 * top;
+  const double fast = kProbeLinkShare * top;
+  const double median = sorted[sorted.size() / 2];
   std::vector<int> parent(k);
   std::iota(parent.begin(), parent.end(), 0);
   bool all_fast = true;
@@ -166,9 +180,9 @@ ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate) {
       }
     }
   }
-  if (all_fast) {
+  if (all_fast && sorted.front() >= kProbeOneSwitchShare * median) {
     v.kind = ProbeVerdict::kOneSwitch;
-    v.reason = "every pair reached at least half the fastest tenth's rate";
+    v.reason = "every pair reached half the fastest tenth's rate and 2/3 of the median pair's";
     return v;
   }
   // Groups numbered by their lowest node.
@@ -257,11 +271,7 @@ std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
       out += trimmed(row);
     }
   }
-  out += std::string("  verdict: ") +
-         (verdict.kind == ProbeVerdict::kRacks       ? "racks"
-          : verdict.kind == ProbeVerdict::kOneSwitch ? "one switch"
-                                                     : "unclear") +
-         " (" + verdict.reason + ")\n";
+  out += std::string("  verdict: ") + VerdictName(verdict.kind) + " (" + verdict.reason + ")\n";
   return out;
 }
 
@@ -270,6 +280,7 @@ void ApplyProbeVerdict(const ProbeVerdict& v, Topology* t) {
   const bool racks = v.kind == ProbeVerdict::kRacks;
   const int groups = racks ? *std::max_element(v.group_of_node.begin(), v.group_of_node.end()) + 1
                            : 1;
+  t->source = "probe";
   t->racks.clear();
   for (int g = 0; g < groups; ++g) t->racks.push_back(racks ? "probe" + std::to_string(g + 1) : "");
   for (int n = 0; n < nodes; ++n) t->rack_of_node[n] = racks ? v.group_of_node[n] : 0;
@@ -281,9 +292,12 @@ void ApplyProbeVerdict(const ProbeVerdict& v, Topology* t) {
   t->nodes_per_rack = std::all_of(in.begin(), in.end(), [&](int k) { return k == in[0]; }) ? in[0] : 0;
   t->uncertain = v.kind == ProbeVerdict::kUnclear;
   t->probe_seconds = v.seconds;
+  t->probe_verdict = VerdictName(v.kind);
+  t->probe_reason = v.reason;
 }
 
-ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node) {
+ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node,
+                        bool print) {
   const auto start = Clock::now();
   const int k = static_cast<int>(first_rank_of_node.size());
   size_t bytes = kProbeBytes;
@@ -311,7 +325,8 @@ ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& fi
       if (me == 0) {
         rate = RateMatrix(gathered, k);
         verdict = ClassifyProbeRates(rate);
-        done[0] = pass + 1 == kProbePasses || Settled(rate, verdict);
+        done[0] = pass + 1 == kProbePasses || Settled(rate, verdict) ||
+                  SecondsSince(start) >= kProbePassSeconds;
       }
       leaders->BroadcastBytes(done, 0);
       if (done.at(0)) break;
@@ -326,7 +341,9 @@ ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& fi
   if (world.rank() == 0) {
     const ProbeVerdict& v = verdict;
     const double seconds = SecondsSince(start);
-    std::fputs(DescribeProbe(rate, v, first_rank_of_node, bytes, seconds).c_str(), stderr);
+    if (print) {
+      std::fputs(DescribeProbe(rate, v, first_rank_of_node, bytes, seconds).c_str(), stderr);
+    }
     std::vector<int32_t> words = {static_cast<int32_t>(v.kind)};
     words.insert(words.end(), v.group_of_node.begin(), v.group_of_node.end());
     decision.resize(words.size() * sizeof(int32_t) + sizeof(double));

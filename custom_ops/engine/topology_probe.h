@@ -14,7 +14,8 @@
 // - racks: the pairs at least half as fast as the fastest tenth link the
 //   nodes into groups of two or more, and every pair across groups is at
 //   most 2/3 as fast as the median pair within a group;
-// - one switch: every pair is that fast;
+// - one switch: every pair reached half the fastest tenth's rate and 2/3
+//   of the median pair's (kProbeOneSwitchShare says why);
 // - unclear: anything else (the chain then runs, as with nothing told).
 // It prints what it measured in the autotuner's table style and every rank
 // gets its verdict, so all agree.
@@ -37,16 +38,43 @@
 namespace ddl {
 
 // Bytes every node sends in each round: kProbeBytes, doubled (up to
-// kProbeMaxBytes) until the first round's slowest receive takes
-// kProbeRoundSeconds, so a round times the links rather than the fixed
-// costs of its messages on fast links, and stays short on slow ones.
+// kProbeMaxBytes) until the slowest receive of a round at distance K/2
+// takes kProbeRoundSeconds, so a round times the links rather than the
+// fixed costs of its messages and the receivers' start skew on fast
+// links, and stays short behind slow uplinks (RoundBytes says why K/2).
 constexpr size_t kProbeBytes = 256 << 10;
 constexpr size_t kProbeMaxBytes = 64 << 20;
-constexpr double kProbeRoundSeconds = 0.005;
-// Times every distance is measured at most; a pair keeps its fastest. A
-// second pass runs unless the first settled the verdict (one switch, or
-// racks with the pairs across at most a third of those within).
-constexpr int kProbePasses = 2;
+constexpr double kProbeRoundSeconds = 0.02;
+// Times every distance is measured at most; a pair keeps its fastest (a
+// rank that lost its core for a moment slows one pass). Another pass runs
+// unless the passes so far settled the verdict (one switch, or racks with
+// the pairs across at most a third of those within) or took
+// kProbePassSeconds (behind slow uplinks a pass takes seconds: one is
+// enough for an answer, however unclear).
+constexpr int kProbePasses = 3;
+constexpr double kProbePassSeconds = 1.0;
+// Pairs at least this share of the fastest tenth's rate are linked into
+// one group (a rack) by ClassifyProbeRates.
+constexpr double kProbeLinkShare = 0.5;
+// "One switch" needs every pair at kProbeLinkShare of the fastest tenth
+// and at this share of the median pair's rate. The verdict runs the
+// pairwise schedule, whose reduce-scatter sends N/2 x S across each uplink
+// of 2 racks of N nodes, so it must not be given behind an oversubscribed
+// uplink. In the round at distance N all N flows of a rack cross its
+// uplink of rate U: those pairs get U/N. Fewer than half the pairs are
+// inside a rack, and the pairs across that reach the median are those at
+// distance about sqrt(N/2), which get a node link's rate L unless the
+// uplink is far slower still. Every pair at 2/3 of the median then means
+// U >= 2/3 x N x L, where the reduce-scatter's N/2 x S across the uplink
+// takes at most 3/4 x S / L, under the (K-1)/K x S / L its node links
+// take for K >= 4 nodes: the pairwise schedule stays bound by the node
+// links even if the racks are real. At 1/2 of the fastest tenth alone (the
+// rule before), an uplink at 2:1 oversubscription passed as one switch
+// (its farthest pairs measure exactly half) with the uplink setting the
+// pace. The median, not the fastest tenth, is the reference because ranks
+// that share cores inflate a few pairs' rates (a receiver that leaves the
+// round's start late finds bytes already arrived), never the median.
+constexpr double kProbeOneSwitchShare = 2.0 / 3.0;
 
 struct ProbeVerdict {
   enum Kind { kRacks, kOneSwitch, kUnclear };
@@ -63,6 +91,9 @@ struct ProbeVerdict {
 // gets the same verdict.
 ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate);
 
+// "racks", "one switch" or "unclear".
+const char* VerdictName(ProbeVerdict::Kind kind);
+
 // The table rank 0 prints (headed "keras_ddl topology probe:").
 std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
                           const ProbeVerdict& verdict, const std::vector<int>& first_rank_of_node,
@@ -72,13 +103,15 @@ std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
 // 0, one per node in node order, on those ranks; null on the others.
 // `first_rank_of_node[n]`: node n's lowest rank in `world` (for the
 // table). Rank 0 of `world` must be node 0's leader. Every rank returns the
-// same verdict; rank 0 prints the table to stderr.
-ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node);
+// same verdict; rank 0 prints the table to stderr when `print`. Every wait
+// is a Group wait, so a dead or cut-off rank ends it at the peer timeout.
+ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node,
+                        bool print = true);
 
-// The agreed topology of a job with DDL_TOPOLOGY=probe (one switch, source
-// "probe") made the verdict's: racks "probe1", "probe2", ... (numbered,
-// like every rack, by their lowest rank), one switch, or one switch marked
-// `uncertain`.
+// The agreed topology of a job with DDL_TOPOLOGY=probe, or with none given
+// (one switch, source "probe" or ""), made the verdict's, with source
+// "probe": racks "probe1", "probe2", ... (numbered, like every rack, by
+// their lowest rank), one switch, or one switch marked `uncertain`.
 void ApplyProbeVerdict(const ProbeVerdict& verdict, Topology* topology);
 
 }  // namespace ddl

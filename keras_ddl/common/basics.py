@@ -212,14 +212,17 @@ def topology():
     ``racks`` (names, in order of their lowest rank; one "" without racks),
     ``rack_of_rank`` and ``node_of_rank`` (indices, per rank),
     ``nodes_per_rack`` (0 when racks differ in size), ``source``
-    ("DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR", "probe" for DDL_TOPOLOGY=probe,
-    or "" for none), ``used`` (the rack allreduce runs), ``probe_seconds``
-    (what DDL_TOPOLOGY=probe took at init, 0 otherwise), ``schedule`` (what
-    large allreduces across nodes run: "racks", "chain" when nobody
-    described the network, "pairwise", or "none" on one node) and
+    ("DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR", "probe" when the racks were
+    measured at init, "unknown" for DDL_TOPOLOGY=unknown, or "" for none),
+    ``used`` (the rack allreduce runs), ``probe_verdict`` ("racks", "one
+    switch", "unclear", or "" without a probe), ``probed_by_default`` (the
+    probe ran because no topology was given), ``probe_seconds`` (what the
+    probe took at init, 0 otherwise), ``schedule`` (what large allreduces
+    across nodes run: "racks", "chain" when nothing says what the network
+    is, "pairwise", or "none" on one node) and
     ``description`` (one line, as ddlrun --verbose prints it; with no
-    topology given it starts "no topology given:", names the schedule and
-    says how to describe the racks)."""
+    topology given it starts "no topology given", says what the probe
+    found, names the schedule and says how to describe the racks)."""
     import json
 
     if not is_initialized():

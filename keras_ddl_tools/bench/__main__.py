@@ -36,12 +36,15 @@ def parse(argv):
                     help="with --cluster: bytes each link's token bucket holds (64k, 1mb; "
                          "default: 2 ms at the rate, at least 256k)")
     ar.add_argument("--algorithms", help="with --cluster: comma-separated subset of "
-                                         "auto,hierarchical,flat,racks,racks-fp16up,probe "
-                                         "(default: auto, hierarchical, flat; with racks auto, "
-                                         "racks and the two-level path; the first also runs "
-                                         "fp16; racks-fp16up: racks with "
-                                         "DDL_UPLINK_COMPRESSION=fp16; probe: auto with "
-                                         "DDL_TOPOLOGY=probe)")
+                                         "auto,hierarchical,flat,racks,racks-fp16up,probe,none,"
+                                         "unknown (default: auto, hierarchical, flat; with "
+                                         "racks auto, racks and the two-level path; the first "
+                                         "also runs fp16; racks-fp16up: racks with "
+                                         "DDL_UPLINK_COMPRESSION=fp16; probe, none, unknown: "
+                                         "auto with DDL_TOPOLOGY=probe, none or unknown)")
+    ar.add_argument("--no-fp16", action="store_true",
+                    help="with --cluster: the first algorithm's launches skip the fp16 timings "
+                         "too, so every algorithm is timed alike")
     ar.add_argument("--with-resnet", action="store_true",
                     help="with --cluster: the first algorithm's launches also time the ResNet-50 "
                          "gradient list against mpi4py (a second table)")

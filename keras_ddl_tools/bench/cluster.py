@@ -28,12 +28,18 @@ import tempfile
 from ..cluster import MPI_ENV, NetnsCluster, find_mpiexec, parse_rate
 from .fit import _print_rows
 
-ALGORITHMS = ("auto", "hierarchical", "flat", "racks", "racks-fp16up", "probe")
+ALGORITHMS = ("auto", "hierarchical", "flat", "racks", "racks-fp16up", "probe", "none",
+              "unknown")
 # What each name sets in the ranks' environment (otherwise DDL_ALLREDUCE=name).
-# probe: auto with the racks measured at init (with --no-topology, what a
-# job nobody described gets from DDL_TOPOLOGY=probe).
+# probe: auto with the racks measured at init (DDL_TOPOLOGY=probe; with
+# --no-topology auto probes by default from 3 nodes on); none: auto told
+# one switch (DDL_TOPOLOGY=none: the pairwise schedule for large calls);
+# unknown: auto told nothing and not probing (DDL_TOPOLOGY=unknown: the
+# chain for large calls across 3 or more nodes).
 ALGORITHM_ENV = {"racks-fp16up": {"DDL_ALLREDUCE": "racks", "DDL_UPLINK_COMPRESSION": "fp16"},
-                 "probe": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "probe"}}
+                 "probe": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "probe"},
+                 "none": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "none"},
+                 "unknown": {"DDL_ALLREDUCE": "auto", "DDL_TOPOLOGY": "unknown"}}
 DEFAULT_ALGORITHMS = ("auto", "hierarchical", "flat")
 
 
@@ -106,14 +112,15 @@ def run(args, sizes, human_bytes):
     for a in algorithms:
         if a not in ALGORITHMS:
             raise SystemExit(f"--algorithms: '{a}' is not one of {', '.join(ALGORITHMS)}")
-    runs, gradient_runs, networks, probe_seconds = {}, [], {}, {}
+    runs, gradient_runs, networks, probe_seconds, launches = {}, [], {}, {}, {}
     cluster = NetnsCluster(nodes // racks, args.rate, burst=args.burst, racks=racks,
                            uplink=uplink, tell_topology=told)
     with cluster, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for a in algorithms:
                 first = a == algorithms[0]
-                payload = _launch(cluster, per_node, a, args, sizes, fp16=first,
+                payload = _launch(cluster, per_node, a, args, sizes,
+                                  fp16=first and not getattr(args, "no_fp16", False),
                                   json_path=os.path.join(tmp, f"{a}.{rnd}.json"),
                                   gradients=first and getattr(args, "with_resnet", False))
                 runs.setdefault(a, []).append(payload["allreduce"])
@@ -121,6 +128,9 @@ def run(args, sizes, human_bytes):
                     networks.setdefault(a, payload["network"])
                     probe_seconds.setdefault(a, []).append(
                         payload["network"].get("probe_seconds", 0.0))
+                    launches.setdefault(a, []).append(
+                        {k: payload["network"].get(k) for k in
+                         ("schedule", "probe_verdict", "probe_seconds")})
                 if "resnet50_gradients" in payload:
                     gradient_runs.append(payload["resnet50_gradients"])
     table = []
@@ -136,10 +146,10 @@ def run(args, sizes, human_bytes):
             row[f"{a}/mpi"] = statistics.median(b / t for b, t in zip(base, times))
             wrong += sum(r[i]["wrong"] for r in runs[a])
         row["mpi_us"] = statistics.median(r[i]["baseline_us"] for r in runs[first])
-        fp16 = [r[i]["fp16_us"] for r in runs[first]]
-        row["fp16_us"] = statistics.median(fp16)
-        row["fp16_speedup"] = statistics.median(
-            r[i]["time_us"] / r[i]["fp16_us"] for r in runs[first])
+        if all("fp16_us" in r[i] for r in runs[first]):
+            row["fp16_us"] = statistics.median(r[i]["fp16_us"] for r in runs[first])
+            row["fp16_speedup"] = statistics.median(
+                r[i]["time_us"] / r[i]["fp16_us"] for r in runs[first])
         row[f"{first}_of_bound"] = bound * 1e6 / row[f"{first}_us"]
         row["mpi_of_bound"] = bound * 1e6 / row["mpi_us"]
         # fp16 on the uplinks rounds: a faster result, not the same one
@@ -173,8 +183,10 @@ def run(args, sizes, human_bytes):
              f"Compression.fp16, fp16_speedup = fp32 time / fp16 time")
     _print_rows(title, [{c: row.get(c, "-") for c in columns} for row in table])
     for a, network in networks.items():
-        probe = (f" (DDL_TOPOLOGY=probe took {statistics.median(probe_seconds[a]):.2f} s at "
-                 "init, median of the launches)" if network.get("probe_seconds") else "")
+        probe = (f" (the probe took {statistics.median(probe_seconds[a]):.2f} s at init, median "
+                 "of the launches; verdicts: "
+                 + ", ".join(str(x["probe_verdict"]) for x in launches[a]) + ")"
+                 if network.get("probe_seconds") else "")
         print(f"# {a}: large calls across nodes ran '{network['schedule']}'{probe}: "
               f"{network['description']}")
     gradients = _gradient_table(gradient_runs, algorithms[0])
@@ -192,11 +204,14 @@ def run(args, sizes, human_bytes):
                                # first launch's; the probe's seconds of every launch).
                                "schedules": [{"method": a, "schedule": n["schedule"],
                                               "probe_seconds": statistics.median(
-                                                  probe_seconds[a])}
+                                                  probe_seconds[a]),
+                                              "probe_verdict": ", ".join(
+                                                  str(x["probe_verdict"] or "-")
+                                                  for x in launches[a])}
                                              for a, n in networks.items()],
                                "burst_bytes": cluster.burst, "rows": table, "raw": runs,
                                **({"gradients": gradients} if gradients else {})})
-    if args.plot:
+    if args.plot and "fp16_us" in table[0]:
         _plot(args.plot, table, sizes, algorithms, nodes, per_node, args.rate, human_bytes)
 
 

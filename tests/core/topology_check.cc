@@ -74,6 +74,12 @@ void CheckDetect() {
          "Slurm's address and pattern differ in length: " + p.error);
   p = Detect({}, "n1");
   Expect(p.error.empty() && p.rack.empty() && p.source.empty(), "no variables: one switch");
+  // "unknown" overrides Slurm too: no racks, and no probe either.
+  p = Detect({{"DDL_TOPOLOGY", " unknown"}, {"SLURM_TOPOLOGY_ADDR", "s1.n1"}}, "n1");
+  Expect(p.error.empty() && p.rack.empty() && p.source == "unknown", "DDL_TOPOLOGY=unknown");
+  p = Detect({{"DDL_TOPOLOGY", "unknwon"}}, "n1");
+  Expect(Contains(p.error, "none, probe or unknown"),
+         "a misspelt word names the words: " + p.error);
   Expect(RankRuns({0, 1, 2, 3, 6, 9, 10}) == "0-3, 6, 9-10", "rank runs");
 }
 
@@ -191,8 +197,19 @@ void CheckAgreement() {
   std::vector<RackPlace> none(4, Detect({}, "h"));
   got = Agree(none, one_each);
   Expect(got[3].first.ok() && got[3].second.num_racks() == 1 &&
-             got[3].second.Describe() == "no topology given: 4 node(s)",
+             got[3].second.Describe() == "no topology given: 4 node(s)" &&
+             got[3].second.untold(),
          "no topology: one switch; " + got[3].second.Describe());
+  // Each node's host, which decides whether the nodes can be probed.
+  for (int r = 0; r < 4; ++r) none[r] = Detect({}, "h" + std::to_string(r / 2));
+  got = Agree(none, {0, 0, 2, 2});
+  Expect(got[1].first.ok() && got[1].second.host_of_node == std::vector<std::string>({"h0", "h1"}),
+         "the host of every node");
+  std::vector<RackPlace> unknown(4, Detect({{"DDL_TOPOLOGY", "unknown"}}, "h"));
+  got = Agree(unknown, one_each);
+  Expect(got[2].first.ok() && got[2].second.source == "unknown" && got[2].second.untold() &&
+             got[2].second.Describe() == "no topology given (DDL_TOPOLOGY=unknown): 4 node(s)",
+         "DDL_TOPOLOGY=unknown: untold, " + got[2].second.Describe());
   // DDL_TOPOLOGY=probe everywhere: one switch to be measured; with
   // another text on one rank, every rank names it.
   std::vector<RackPlace> probe(4, Detect({{"DDL_TOPOLOGY", " probe "}}, "h"));
@@ -214,6 +231,26 @@ std::vector<std::vector<double>> Rates(const std::vector<int>& group, double fas
   for (int i = 0; i < k; ++i) {
     for (int j = 0; j < k; ++j) {
       if (i != j) rate[i][j] = (group[i] == group[j] ? fast : slow) * (1 + 0.01 * ((i * 7 + j * 3) % 5));
+    }
+  }
+  return rate;
+}
+
+// What the probe measures on 2 racks of `n` nodes listed rack by rack,
+// node links `link` and uplinks `up` each way: in the round at distance d
+// min(d, 2n - d) flows of each rack cross its uplink and share it; a pair
+// inside a rack gets its node link. `interleaved`: the racks are the even
+// and the odd nodes, so every flow of an odd round crosses.
+std::vector<std::vector<double>> TwoRacks(int n, double link, double up, bool interleaved = false) {
+  const int k = 2 * n;
+  std::vector<std::vector<double>> rate(k, std::vector<double>(k, 0.0));
+  for (int i = 0; i < k; ++i) {
+    for (int j = 0; j < k; ++j) {
+      if (i == j) continue;
+      const int d = (j - i + k) % k;
+      const bool across = interleaved ? (i % 2 != j % 2) : (i / n != j / n);
+      const int flows = interleaved ? n : std::min(d, k - d);
+      rate[i][j] = across ? std::min(link, up / flows) : link;
     }
   }
   return rate;
@@ -262,6 +299,42 @@ void CheckProbeVerdicts() {
   v = verdict(holey);
   Expect(v.kind == K::kRacks && v.group_of_node == contiguous,
          "a slow pair inside a group: still racks " + v.reason);
+  // The one-switch verdict is never given behind an oversubscribed uplink
+  // (kProbeOneSwitchShare). 2 x 4 nodes at 1 Gbit/s: 250 Mbit/s uplinks
+  // show racks; uplinks of one node link's rate (4:1) link the racks
+  // through the pairs of the one-flow rounds: unclear; uplinks of two
+  // (2:1): every pair at least half the fastest, which passed as one switch
+  // before, but the farthest pairs below 2/3 of the median: unclear; four
+  // (non-blocking): one switch.
+  const double gbit = 125e6;
+  v = verdict(TwoRacks(4, gbit, gbit / 4));
+  Expect(v.kind == K::kRacks && v.group_of_node == contiguous, "2 x 4 at 4:1: racks " + v.reason);
+  v = verdict(TwoRacks(4, gbit, gbit));
+  Expect(v.kind == K::kUnclear, "2 x 4, uplinks of 1 Gbit/s: unclear " + v.reason);
+  v = verdict(TwoRacks(4, gbit, 2 * gbit));
+  Expect(v.kind == K::kUnclear, "2 x 4, uplinks at 2:1: unclear, not one switch " + v.reason);
+  v = verdict(TwoRacks(4, gbit, 4 * gbit));
+  Expect(v.kind == K::kOneSwitch, "2 x 4, non-blocking uplinks: one switch " + v.reason);
+  // 2 x 8 at 400/100 Mbit/s, and behind uplinks at 2:1.
+  v = verdict(TwoRacks(8, 50e6, 12.5e6));
+  Expect(v.kind == K::kRacks, "2 x 8 at 400/100 Mbit/s: racks " + v.reason);
+  v = verdict(TwoRacks(8, 50e6, 200e6));
+  Expect(v.kind != K::kOneSwitch, "2 x 8, uplinks at 2:1: not one switch " + v.reason);
+  // Racks interleaved in rank order: the median pair is one across, but
+  // the fastest tenth's half still splits them.
+  v = verdict(TwoRacks(4, gbit, gbit, true));
+  Expect(v.kind == K::kRacks && v.group_of_node == std::vector<int>({0, 1, 0, 1, 0, 1, 0, 1}),
+         "2 x 4 interleaved, 1 Gbit/s uplinks: racks " + v.reason);
+  // One switch measured by ranks that share cores: a few pairs far above
+  // the link rate (a late receiver finds its bytes arrived) and some a
+  // third below; the median keeps the verdict.
+  auto noisy = Rates(std::vector<int>(8, 0), 1.2e8, 1.2e8);
+  noisy[0][7] = noisy[7][0] = 9e8;
+  noisy[2][3] = noisy[3][2] = 6e8;
+  noisy[4][5] = noisy[5][4] = 8.5e7;
+  noisy[1][6] = 8.6e7;
+  v = verdict(noisy);
+  Expect(v.kind == K::kOneSwitch, "one switch with outliers both ways: one switch " + v.reason);
   // 16 nodes: 2 racks x 8.
   std::vector<int> sixteen(16);
   for (int i = 0; i < 16; ++i) sixteen[i] = i / 8;

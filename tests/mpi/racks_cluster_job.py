@@ -3,13 +3,14 @@ variables from the ssh stand-in): the ranks learn the racks, the results
 are bitwise in the nodes-then-racks order on every rank, and three 16 MB
 allreduces give the uplinks their bytes (tests/test_racks_cluster.py
 compares them with the uplinks' counters). Then the same ranks again with
-nothing told (the Slurm variables dropped before a second init), as most
-jobs run: ddl.topology() says so and names the chain, results are bitwise
-in rank order, and three 16 MB allreduces take the chain, which crosses
-each uplink with the buffer once each way. Last, DDL_TOPOLOGY=probe: every
-rank holds the same measured topology, racks only when right. Run under
-mpiexec on the cluster; prints DDLCASE lines and each rank's traffic after
-the first two parts."""
+the Slurm variables dropped and DDL_TOPOLOGY=unknown (no racks, no probe):
+ddl.topology() says so and names the chain, results are bitwise in rank
+order, and three 16 MB allreduces take the chain, which crosses each uplink
+with the buffer once each way. Last, nothing told at all, as most jobs run:
+the node leaders probe by default, every rank holds the same measured
+topology, racks only when right, and rank 0 prints the probe's table
+(DDL_PRINT_TOPOLOGY=1). Run under mpiexec on the cluster; prints DDLCASE
+lines and each rank's traffic after the first two parts."""
 
 import os
 import socket
@@ -74,9 +75,9 @@ def three_16mb_allreduces():
 
 def untold_topology():
     topo = ddl.topology()
-    assert topo["source"] == "" and not topo["used"], topo
-    assert topo["schedule"] == "chain", topo
-    assert topo["description"].startswith("no topology given: "), topo
+    assert topo["source"] == "unknown" and not topo["used"], topo
+    assert topo["schedule"] == "chain" and topo["probe_verdict"] == "", topo
+    assert topo["description"].startswith("no topology given (DDL_TOPOLOGY=unknown): "), topo
     assert "chain" in topo["description"] and "DDL_TOPOLOGY" in topo["description"], topo
     assert ddl.allreduce_algorithm() == "flat", ddl.allreduce_algorithm()
 
@@ -114,6 +115,10 @@ def probe_measured_the_racks():
     import json
     topo = ddl.topology()
     assert topo["source"] == "probe" and topo["probe_seconds"] > 0, topo
+    assert topo["probed_by_default"], topo
+    assert topo["description"].startswith(
+        "no topology given, so the node leaders probed the network at init (verdict "
+        + topo["probe_verdict"]), topo
     # Every rank took rank 0's verdict: the same topology everywhere.
     views = COMM.allgather(json.dumps(topo, sort_keys=True))
     assert all(v == views[0] for v in views), views
@@ -124,7 +129,8 @@ def probe_measured_the_racks():
         assert topo["racks"] == ["probe1", "probe2"] and topo["schedule"] == "racks", topo
         assert ddl.allreduce_algorithm() == "racks", ddl.allreduce_algorithm()
     else:
-        assert topo["schedule"] in ("chain", "pairwise"), topo
+        # Never one switch behind these 4:1 uplinks (kProbeOneSwitchShare).
+        assert topo["probe_verdict"] == "unclear" and topo["schedule"] == "chain", topo
 
 
 def probe_results_match_the_schedule_it_chose():
@@ -164,13 +170,16 @@ def another_init(cases, traffic):
 
 if __name__ == "__main__":
     code = run_cases()
-    # Nothing told, as most jobs run.
+    # No racks and no probe: the chain.
     for var in ("SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN"):
         os.environ.pop(var, None)
+    os.environ["DDL_TOPOLOGY"] = "unknown"
     another_init((untold_topology, untold_results_in_rank_order, untold_three_16mb_allreduces),
                  traffic=True)
-    # The racks measured: a few MB across the uplinks, one small call.
-    os.environ["DDL_TOPOLOGY"] = "probe"
+    # Nothing told, as most jobs run: the default probe measures the racks
+    # (a few MB across the uplinks), one small call.
+    os.environ.pop("DDL_TOPOLOGY")
+    os.environ["DDL_PRINT_TOPOLOGY"] = "1"
     another_init((probe_measured_the_racks, probe_results_match_the_schedule_it_chose),
                  traffic=False)
     sys.exit(code)
