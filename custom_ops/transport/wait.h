@@ -74,7 +74,10 @@ inline WaitPace SetupPace() {
 
 class Backoff {
  public:
-  explicit Backoff(WaitPace pace) : pace_(pace), nap_(pace.first_nap) {}
+  // `pauses`: how many this wait has made already (0; a check starts one
+  // near a limit instead of pausing billions of times).
+  explicit Backoff(WaitPace pace, int64_t pauses = 0)
+      : pace_(pace), nap_(pace.first_nap), pauses_(pauses) {}
   // One step of the wait: nothing, a yield or a nap, by how long it lasted.
   void Pause();
   // Progress: the next pauses start over with polls.
