@@ -96,6 +96,29 @@ class Backoff {
   int64_t pauses_ = 0;  // 64 bits: a wait without a timeout may last forever
 };
 
+// The wait of a pipelined schedule (the rack and chain allreduces) between
+// passes that found nothing done: the data pace, and Idle() once nothing
+// moved for a while, when the schedule blocks in the transport's Wait so
+// that the peer clock and its judge apply. The while is 1 s (long next to
+// a piece's message over a slow uplink: 1 MB at 62 Mbit/s takes 130 ms),
+// and a quarter of a shorter peer timeout: Wait starts its clock afresh
+// when the quiet before it passed half the timeout (PeerClock::BeginWait),
+// so a longer poll would add itself to the time a dead peer takes to be
+// named.
+class PipelineIdle {
+ public:
+  explicit PipelineIdle(double peer_timeout_s);
+  // Something moved.
+  void Reset();
+  // One pass found nothing done: pauses, and says whether to block now.
+  bool Idle();
+
+ private:
+  Backoff backoff_{DataPace(50)};
+  std::chrono::steady_clock::duration block_after_;
+  std::chrono::steady_clock::time_point quiet_since_ = std::chrono::steady_clock::now();
+};
+
 // What a wait tells its judge once the peer timeout has run out.
 struct QuietWait {
   std::string what;          // "a message with rank 3", "negotiation allreduce"

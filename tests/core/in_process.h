@@ -395,6 +395,7 @@ class InProcessRank : public ddl::Group {
     }
   }
   void SetPeerTimeout(double seconds) override { clock_.SetTimeout(seconds); }
+  double PeerTimeoutSeconds() const override { return clock_.timeout_s(); }
   void SetLiveness(ddl::Liveness* judge) override { clock_.SetLiveness(judge); }
   void SetSpinPolls(int) override {}
   // This world rank's bytes over the Network's links (every group of it).
