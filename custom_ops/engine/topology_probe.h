@@ -61,6 +61,10 @@ namespace ddl {
 constexpr size_t kProbeBytes = 256 << 10;
 constexpr size_t kProbeMaxBytes = 64 << 20;
 constexpr double kProbeRoundSeconds = 0.02;
+// Pieces of every round's message: the receiver times the pieces after
+// the first, which tells a sender that started late from a slow link
+// (Round in topology_probe.cc).
+constexpr size_t kProbePieces = 8;
 // The re-measure of slow directions (step 2) runs only when the first
 // pass took less than this: behind slow uplinks a pass takes seconds, and
 // its verdict there is racks (confirmed cheaply) or unclear anyway.
