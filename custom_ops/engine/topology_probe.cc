@@ -46,9 +46,9 @@ std::string Format(const char* fmt, double v) {
 // looks slower than its link, in every pass alike. So the message comes
 // in kProbePieces pieces: the pieces after the first time the flow's rate,
 // and the sender's start is estimated as the first piece's arrival less
-// one piece at that rate. A flow that shares an uplink moves at its share
-// from the start, so its estimate is the round's start and its time is
-// what it was.
+// one piece at that rate (the time at most halved). A flow that shares an
+// uplink moves at its share from the start, so its estimate is the
+// round's start and its time is what it was.
 double Round(Group& leaders, int to, int from, size_t bytes, std::vector<char>& out,
              std::vector<char>& in) {
   const size_t piece = std::max<size_t>(
@@ -76,7 +76,9 @@ double Round(Group& leaders, int to, int from, size_t bytes, std::vector<char>& 
     if (receives.size() > 1 && rest > 0) {
       const double rate = (static_cast<double>(bytes) - first_bytes) / rest;
       const double sender_start = first - first_bytes / rate;
-      if (sender_start > 0) seconds -= sender_start;
+      // At most halved: pieces that arrive in one burst (a token bucket's,
+      // or all at once after a nap of this rank) give no rate to trust.
+      if (sender_start > 0) seconds = std::max(seconds - sender_start, seconds / 2);
     }
   }
   for (Transport::Handle h : sends) leaders.Wait(h);
