@@ -77,6 +77,8 @@ std::string TopologyJson(const ddl::Context& c) {
          ", \"source\": " + quoted(t.source) + ", \"used\": " + (c.racks ? "true" : "false") +
          ", \"probe_seconds\": " + std::to_string(t.probe_seconds) +
          ", \"probe_verdict\": " + quoted(t.probe_verdict) +
+         ", \"probe_confirmed\": " + (t.probe_confirmed ? "true" : "false") +
+         ", \"probe_checks\": " + quoted(t.probe_checks) +
          ", \"probed_by_default\": " + (t.probed_by_default ? "true" : "false") +
          ", \"schedule\": " + quoted(schedule) + ", \"description\": " + quoted(description) +
          "}";
@@ -115,6 +117,7 @@ int ddl_allreduce_algorithm() {
 // The racks the ranks agreed on, as JSON: {"racks": [names], "rack_of_rank":
 // [...], "node_of_rank": [...], "nodes_per_rack": N, "source": "...",
 // "used": true|false, "probe_seconds": S, "probe_verdict": "racks|one switch|unclear|",
+// "probe_confirmed": true|false, "probe_checks": "...",
 // "probed_by_default": true|false, "schedule": "racks|chain|pairwise|none",
 // "description": "..."} (Context::DescribeNetwork). Writes at most `capacity`
 // bytes (with the final NUL; nothing with a null `out` or no capacity) and

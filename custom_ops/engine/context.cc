@@ -328,7 +328,8 @@ std::string Context::DescribeNetwork(std::string* schedule) const {
                             ? "no topology given, so the node leaders probed the network at init"
                             : "DDL_TOPOLOGY=probe") +
             " (verdict " + topology.probe_verdict + ": " + topology.probe_reason + "; " +
-            seconds + " s): ";
+            (topology.probe_checks.empty() ? "" : topology.probe_checks + "; ") + seconds +
+            " s): ";
   }
   std::string what, how;
   if (racks) {

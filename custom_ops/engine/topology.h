@@ -67,6 +67,11 @@ struct Topology {
   // probe ran.
   std::string probe_verdict;
   std::string probe_reason;  // the verdict's one-line why
+  // What the probe measured after its first pass and what that showed
+  // (ProbeVerdict::checks): for racks "confirmed: ..." or, when a second
+  // pass disagreed and the verdict became unclear, "unconfirmed: ...".
+  std::string probe_checks;
+  bool probe_confirmed = false;  // racks a second, independent pass found too
   // The probe ran because nothing described the network (no
   // DDL_TOPOLOGY=probe): source is "probe" since.
   bool probed_by_default = false;

@@ -35,27 +35,52 @@ std::string Format(const char* fmt, double v) {
   return text;
 }
 
-// One round at distance d: this leader sends `bytes` to the node d places
-// on and receives as much from the node d places before, every leader at
-// once; returns the seconds its receive took from the round's start.
-double Round(Group& leaders, int d, size_t bytes, std::vector<char>& out, std::vector<char>& in) {
-  const int k = leaders.size();
-  const int me = leaders.rank();
-  const size_t piece = std::max<size_t>(1, std::min(bytes, leaders.MaxMessageBytes()));
+// One round: this leader sends `bytes` to node `to` and receives as much
+// from node `from` (either -1 for none), every leader at once; returns
+// the seconds its receive took (-1 without one), from the round's start
+// or, when the sender started late, from when it started.
+//
+// Ranks leave the round's opening allgather at different moments (its
+// waits nap while ranks share cores), so a sender may start milliseconds
+// after its receiver, and timed from the receiver's start alone the pair
+// looks slower than its link, in every pass alike. So the message comes
+// in kProbePieces pieces: the pieces after the first time the flow's rate,
+// and the sender's start is estimated as the first piece's arrival less
+// one piece at that rate (the time at most halved). A flow that shares an
+// uplink moves at its share from the start, so its estimate is the
+// round's start and its time is what it was.
+double Round(Group& leaders, int to, int from, size_t bytes, std::vector<char>& out,
+             std::vector<char>& in) {
+  const size_t piece = std::max<size_t>(
+      1, std::min((bytes + kProbePieces - 1) / kProbePieces, leaders.MaxMessageBytes()));
   // Every node starts the round together, so the flows overlap.
-  leaders.AllgatherInt64(d);
+  leaders.AllgatherInt64(to);
   const auto start = Clock::now();
   std::vector<Transport::Handle> receives, sends;
-  for (size_t at = 0; at < bytes; at += piece) {
-    receives.push_back(leaders.Irecv(in.data() + at, std::min(piece, bytes - at), (me - d + k) % k,
-                                     kTagProbe));
+  for (size_t at = 0; from >= 0 && at < bytes; at += piece) {
+    receives.push_back(leaders.Irecv(in.data() + at, std::min(piece, bytes - at), from, kTagProbe));
   }
-  for (size_t at = 0; at < bytes; at += piece) {
-    sends.push_back(
-        leaders.Isend(out.data() + at, std::min(piece, bytes - at), (me + d) % k, kTagProbe));
+  for (size_t at = 0; to >= 0 && at < bytes; at += piece) {
+    sends.push_back(leaders.Isend(out.data() + at, std::min(piece, bytes - at), to, kTagProbe));
   }
-  for (Transport::Handle h : receives) leaders.Wait(h);
-  const double seconds = std::max(SecondsSince(start), 1e-9);
+  double first = 0;  // seconds from the start to the first piece
+  for (size_t i = 0; i < receives.size(); ++i) {
+    leaders.Wait(receives[i]);
+    if (i == 0) first = SecondsSince(start);
+  }
+  double seconds = -1.0;
+  if (from >= 0) {
+    seconds = std::max(SecondsSince(start), 1e-9);
+    const double first_bytes = static_cast<double>(std::min(piece, bytes));
+    const double rest = seconds - first;
+    if (receives.size() > 1 && rest > 0) {
+      const double rate = (static_cast<double>(bytes) - first_bytes) / rest;
+      const double sender_start = first - first_bytes / rate;
+      // At most halved: pieces that arrive in one burst (a token bucket's,
+      // or all at once after a nap of this rank) give no rate to trust.
+      if (sender_start > 0) seconds = std::max(seconds - sender_start, seconds / 2);
+    }
+  }
   for (Transport::Handle h : sends) leaders.Wait(h);
   return seconds;
 }
@@ -76,7 +101,9 @@ size_t RoundBytes(Group& leaders, std::vector<char>& out, std::vector<char>& in)
   for (;;) {
     out.assign(bytes, 1);
     in.resize(bytes);
-    const double seconds = Round(leaders, farthest, bytes, out, in);
+    const int k = leaders.size(), me = leaders.rank();
+    const double seconds =
+        Round(leaders, (me + farthest) % k, (me - farthest + k) % k, bytes, out, in);
     std::vector<int64_t> all = leaders.AllgatherInt64(static_cast<int64_t>(seconds * 1e6));
     const int64_t slowest = *std::max_element(all.begin(), all.end());
     if (slowest >= static_cast<int64_t>(kProbeRoundSeconds * 1e6) || bytes >= kProbeMaxBytes) {
@@ -86,11 +113,11 @@ size_t RoundBytes(Group& leaders, std::vector<char>& out, std::vector<char>& in)
   }
 }
 
-// rate[from][to] from every leader's row of rates from each node (rank 0
-// of the leaders; empty elsewhere).
+// rate[from][to] from every leader's row of rates from each node (-1 for
+// a node it did not hear from in the rounds).
 std::vector<std::vector<double>> RateMatrix(const std::vector<std::vector<char>>& gathered,
                                             int k) {
-  std::vector<std::vector<double>> rate(k, std::vector<double>(k, 0.0));
+  std::vector<std::vector<double>> rate(k, std::vector<double>(k, -1.0));
   for (int to = 0; to < k && to < static_cast<int>(gathered.size()); ++to) {
     if (gathered[to].size() < static_cast<size_t>(k) * sizeof(double)) continue;
     for (int from = 0; from < k; ++from) {
@@ -116,6 +143,7 @@ GroupRates RatesOfGroups(const std::vector<std::vector<double>>& rate,
   for (int i = 0; i < k; ++i) {
     for (int j = i + 1; j < k; ++j) {
       const double p = PairRate(rate, i, j);
+      if (p < 0) continue;  // not measured
       if (group_of_node[i] == group_of_node[j]) {
         within.push_back(p);
       } else {
@@ -130,14 +158,59 @@ GroupRates RatesOfGroups(const std::vector<std::vector<double>>& rate,
   return g;
 }
 
-// A verdict after the first pass that a second could not change: one
-// switch (a busy core only slows pairs, so every pair fast stays fast), or
-// racks with the pairs across at most a third of the median within.
-bool Settled(const std::vector<std::vector<double>>& rate, const ProbeVerdict& v) {
-  if (v.kind == ProbeVerdict::kOneSwitch) return true;
-  if (v.kind != ProbeVerdict::kRacks) return false;
-  const GroupRates g = RatesOfGroups(rate, v.group_of_node);
-  return g.fastest_across <= g.typical_within / 3;
+// The rates every measured pair must reach for one switch: half the
+// fastest tenth's and kProbeOneSwitchShare of the median pair's.
+struct PairBars {
+  double fast = 0;        // kProbeLinkShare of the fastest tenth
+  double one_switch = 0;  // the larger of `fast` and the median's share
+  double median = 0;
+  bool any = false;       // a pair was measured
+};
+
+PairBars BarsOf(const ProbeRates& rate) {
+  const int k = static_cast<int>(rate.size());
+  std::vector<double> sorted;
+  for (int i = 0; i < k; ++i) {
+    for (int j = i + 1; j < k; ++j) {
+      if (PairRate(rate, i, j) >= 0) sorted.push_back(PairRate(rate, i, j));
+    }
+  }
+  PairBars b;
+  if (sorted.empty()) return b;
+  std::sort(sorted.begin(), sorted.end());
+  // The fastest tenth's rate: what a pair reaches when nothing holds it
+  // back (the median would be an uplink's share with most pairs across).
+  const double top = sorted[static_cast<size_t>(0.9 * static_cast<double>(sorted.size() - 1))];
+  b.fast = kProbeLinkShare * top;
+  b.median = sorted[sorted.size() / 2];
+  b.one_switch = std::max(b.fast, kProbeOneSwitchShare * b.median);
+  b.any = true;
+  return b;
+}
+
+// "nodes 0, 2 | 1, 3 | 4-7": the groups of a partition, by node.
+std::string GroupsText(const std::vector<int>& group_of_node) {
+  if (group_of_node.empty()) return "no nodes";
+  const int groups = *std::max_element(group_of_node.begin(), group_of_node.end()) + 1;
+  std::string out = "nodes ";
+  for (int g = 0; g < groups; ++g) {
+    std::vector<int> nodes;
+    for (int n = 0; n < static_cast<int>(group_of_node.size()); ++n) {
+      if (group_of_node[n] == g) nodes.push_back(n);
+    }
+    out += (g ? " | " : "") + RankRuns(nodes);
+  }
+  return out;
+}
+
+// Keeps, for every direction measured in `again`, the faster of it and
+// `rate` (the re-measure's rule: noise only slows a flow).
+void KeepFaster(const ProbeRates& again, ProbeRates* rate) {
+  for (size_t i = 0; i < rate->size(); ++i) {
+    for (size_t j = 0; j < rate->size(); ++j) {
+      if (i != j && again[i][j] >= 0) (*rate)[i][j] = std::max((*rate)[i][j], again[i][j]);
+    }
+  }
 }
 
 }  // namespace
@@ -157,30 +230,23 @@ ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate) {
     v.reason = "one node";
     return v;
   }
-  std::vector<double> pairs;
-  for (int i = 0; i < k; ++i) {
-    for (int j = i + 1; j < k; ++j) pairs.push_back(PairRate(rate, i, j));
+  const PairBars bars = BarsOf(rate);
+  if (!bars.any) {
+    v.reason = "no pair was measured";
+    return v;
   }
-  std::vector<double> sorted = pairs;
-  std::sort(sorted.begin(), sorted.end());
-  // The fastest tenth's rate: what a pair reaches when nothing holds it
-  // back (the median would be an uplink's share with most pairs across).
-  const double top = sorted[static_cast<size_t>(0.9 * static_cast<double>(sorted.size() - 1))];
-  const double fast = kProbeLinkShare * top;
-  const double median = sorted[sorted.size() / 2];
   std::vector<int> parent(k);
   std::iota(parent.begin(), parent.end(), 0);
-  bool all_fast = true;
+  bool one_switch = true;
   for (int i = 0; i < k; ++i) {
     for (int j = i + 1; j < k; ++j) {
-      if (PairRate(rate, i, j) >= fast) {
-        parent[Find(parent, j)] = Find(parent, i);
-      } else {
-        all_fast = false;
-      }
+      const double p = PairRate(rate, i, j);
+      if (p < 0) continue;  // not measured
+      if (p >= bars.fast) parent[Find(parent, j)] = Find(parent, i);
+      if (p < bars.one_switch) one_switch = false;
     }
   }
-  if (all_fast && sorted.front() >= kProbeOneSwitchShare * median) {
+  if (one_switch) {
     v.kind = ProbeVerdict::kOneSwitch;
     v.reason = "every pair reached half the fastest tenth's rate and 2/3 of the median pair's";
     return v;
@@ -213,16 +279,144 @@ ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate) {
   return v;
 }
 
+std::vector<ProbeRound> RingRounds(int k, const std::vector<int>& distances) {
+  std::vector<ProbeRound> rounds;
+  for (int d : distances) {
+    ProbeRound r(k);
+    for (int n = 0; n < k; ++n) r[n] = (n + d) % k;
+    rounds.push_back(r);
+  }
+  return rounds;
+}
+
+std::vector<ProbeRound> ConfirmationRounds(const std::vector<int>& group_of_node) {
+  const int k = static_cast<int>(group_of_node.size());
+  const int groups =
+      k == 0 ? 0 : *std::max_element(group_of_node.begin(), group_of_node.end()) + 1;
+  std::vector<std::vector<int>> members(groups);
+  for (int n = 0; n < k; ++n) members[group_of_node[n]].push_back(n);
+  size_t largest = 0;
+  for (const auto& m : members) largest = std::max(largest, m.size());
+  std::vector<ProbeRound> rounds;
+  // Within: distance d inside every group larger than d (d < its size,
+  // so each ordered pair once).
+  for (size_t d = 1; d < largest; ++d) {
+    ProbeRound r(k, -1);
+    for (const auto& m : members) {
+      for (size_t i = 0; d < m.size() && i < m.size(); ++i) r[m[i]] = m[(i + d) % m.size()];
+    }
+    rounds.push_back(r);
+  }
+  // Across: each two groups, their members paired in order, both ways.
+  for (int g = 0; g < groups; ++g) {
+    for (int h = g + 1; h < groups; ++h) {
+      ProbeRound r(k, -1);
+      for (size_t i = 0; i < std::min(members[g].size(), members[h].size()); ++i) {
+        r[members[g][i]] = members[h][i];
+        r[members[h][i]] = members[g][i];
+      }
+      rounds.push_back(r);
+    }
+  }
+  return rounds;
+}
+
+ProbeVerdict JudgeProbe(int k, const MeasureRounds& measure,
+                        const std::function<double()>& seconds_so_far, ProbeRates* first_rates) {
+  int rounds = 0;
+  auto run = [&](const std::vector<ProbeRound>& plan) {
+    rounds += static_cast<int>(plan.size());
+    return measure(plan);
+  };
+  std::vector<int> every(std::max(k - 1, 0));
+  std::iota(every.begin(), every.end(), 1);
+  ProbeRates rate = run(RingRounds(k, every));
+  ProbeVerdict v = ClassifyProbeRates(rate);
+  std::string checks;
+  // Step 2: the rounds that held a slow direction, once more, whole.
+  if (v.kind == ProbeVerdict::kUnclear && seconds_so_far() < kProbePassSeconds) {
+    const PairBars bars = BarsOf(rate);
+    std::vector<bool> again(k, false);  // by distance
+    int slow = 0;
+    for (int i = 0; i < k; ++i) {
+      for (int j = 0; j < k; ++j) {
+        if (i != j && rate[i][j] >= 0 && rate[i][j] < bars.one_switch) {
+          again[(j - i + k) % k] = true;
+          ++slow;
+        }
+      }
+    }
+    std::vector<int> distances;
+    for (int d = 1; d < k; ++d) {
+      if (again[d]) distances.push_back(d);
+    }
+    if (!distances.empty()) {
+      const ProbeRates second = run(RingRounds(k, distances));
+      // Only the slow directions take the faster of two: the others keep
+      // the first pass's, so the bars move no more than the slow pairs do.
+      ProbeRates slow_only(k, std::vector<double>(k, -1.0));
+      for (int i = 0; i < k; ++i) {
+        for (int j = 0; j < k; ++j) {
+          if (i != j && rate[i][j] >= 0 && rate[i][j] < bars.one_switch) slow_only[i][j] = second[i][j];
+        }
+      }
+      KeepFaster(slow_only, &rate);
+      const ProbeVerdict before = v;
+      v = ClassifyProbeRates(rate);
+      checks = std::to_string(slow) + " direction(s) below the one-switch bar measured again in " +
+               std::to_string(distances.size()) + " round(s), each keeping its faster: " +
+               (v.kind == before.kind ? std::string("still ") : std::string("now ")) +
+               VerdictName(v.kind);
+    }
+  }
+  if (first_rates != nullptr) *first_rates = rate;
+  // Step 3: racks only when an independent pass finds the same partition.
+  if (v.kind == ProbeVerdict::kRacks) {
+    std::vector<int> proposal = v.group_of_node;
+    std::string history = "the first pass found " + GroupsText(proposal);
+    for (int attempt = 1; attempt <= kProbeConfirmations; ++attempt) {
+      const std::vector<ProbeRound> plan = ConfirmationRounds(proposal);
+      const ProbeVerdict c = ClassifyProbeRates(run(plan));
+      const std::string pass = attempt == 1 ? "a second pass" : "a third pass";
+      if (c.kind == ProbeVerdict::kRacks && c.group_of_node == proposal) {
+        v.group_of_node = proposal;
+        v.confirmed = true;
+        v.checks = (checks.empty() ? "" : checks + "; ") + "confirmed: " + pass + " (" +
+                   std::to_string(plan.size()) + " rounds: every pair within a group, one " +
+                   "pairing across each two groups) found the same racks" +
+                   (attempt == 1 ? "" : " (" + history + ")");
+        v.rounds = rounds;
+        return v;
+      }
+      history += ", " + pass + " found " +
+                 (c.kind == ProbeVerdict::kRacks ? GroupsText(c.group_of_node)
+                                                 : std::string(VerdictName(c.kind)) + " (" +
+                                                       c.reason + ")");
+      if (c.kind != ProbeVerdict::kRacks) break;
+      proposal = c.group_of_node;
+    }
+    v.kind = ProbeVerdict::kUnclear;
+    v.reason = "racks not confirmed by a second pass";
+    v.checks = (checks.empty() ? "" : checks + "; ") + "unconfirmed: " + history;
+    v.rounds = rounds;
+    return v;
+  }
+  v.checks = checks;
+  v.rounds = rounds;
+  return v;
+}
+
 std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
                           const ProbeVerdict& verdict, const std::vector<int>& first_rank_of_node,
                           size_t bytes, double seconds) {
   const int k = static_cast<int>(rate.size());
   std::string out = "keras_ddl topology probe: " + std::to_string(k) + " nodes, " +
-                    std::to_string(std::max(k - 1, 0)) + " rounds, up to " +
-                    std::to_string(kProbePasses) + " passes (in round d every node sends " +
-                    std::to_string(bytes >> 10) +
+                    std::to_string(std::max(k - 1, 0)) + " rounds in the first pass, " +
+                    std::to_string(verdict.rounds) + " in all (in round d of the first " +
+                    "pass every node sends " + std::to_string(bytes >> 10) +
                     " KiB to the node d places on, all at once), " + Format("%.2f", seconds) +
-                    " s in all; pair rate = the slower direction of its faster pass\n";
+                    " s in all; pair rate = the slower direction (a slow direction measured "
+                    "again keeps its faster)\n";
   auto pad = [](std::string s, size_t w) {
     s.resize(std::max(w, s.size()), ' ');
     return s;
@@ -267,11 +461,14 @@ std::string DescribeProbe(const std::vector<std::vector<double>>& rate,
     for (int i = 0; i < k; ++i) {
       std::string row = "  " + pad("node " + std::to_string(i) + " (p" +
                                        std::to_string(verdict.group_of_node[i] + 1) + ")", 14);
-      for (int j = 0; j < k; ++j) row += i == j ? "     -" : Format("%6.0f", rate[i][j] / 1e6);
+      for (int j = 0; j < k; ++j) {
+        row += i == j || rate[i][j] < 0 ? "     -" : Format("%6.0f", rate[i][j] / 1e6);
+      }
       out += trimmed(row);
     }
   }
   out += std::string("  verdict: ") + VerdictName(verdict.kind) + " (" + verdict.reason + ")\n";
+  if (!verdict.checks.empty()) out += "  checked: " + verdict.checks + "\n";
   return out;
 }
 
@@ -294,7 +491,53 @@ void ApplyProbeVerdict(const ProbeVerdict& v, Topology* t) {
   t->probe_seconds = v.seconds;
   t->probe_verdict = VerdictName(v.kind);
   t->probe_reason = v.reason;
+  t->probe_checks = v.checks;
+  t->probe_confirmed = v.confirmed;
 }
+
+namespace {
+
+// A plan of rounds as the leaders send it: the round count, then each
+// round's send_to per node.
+std::vector<char> PlanBytes(const std::vector<ProbeRound>& plan) {
+  std::vector<int32_t> words = {static_cast<int32_t>(plan.size())};
+  for (const ProbeRound& r : plan) words.insert(words.end(), r.begin(), r.end());
+  std::vector<char> bytes(words.size() * sizeof(int32_t));
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
+}
+
+std::vector<ProbeRound> PlanOf(const std::vector<char>& bytes, int k) {
+  std::vector<int32_t> words(bytes.size() / sizeof(int32_t));
+  std::memcpy(words.data(), bytes.data(), words.size() * sizeof(int32_t));
+  if (words.empty() || words.size() != 1 + static_cast<size_t>(words[0]) * k) {
+    throw TransportError("the topology probe's plan of rounds arrived truncated");
+  }
+  std::vector<ProbeRound> plan(words[0]);
+  for (int32_t r = 0; r < words[0]; ++r) {
+    plan[r].assign(words.begin() + 1 + r * k, words.begin() + 1 + (r + 1) * k);
+  }
+  return plan;
+}
+
+// This leader's part of a plan: each round in turn; returns the rate from
+// each node (-1 for a node it did not hear from; the faster of two).
+std::vector<double> RunPlan(Group& leaders, const std::vector<ProbeRound>& plan, size_t bytes,
+                            std::vector<char>& out, std::vector<char>& in) {
+  const int k = leaders.size(), me = leaders.rank();
+  std::vector<double> from(k, -1.0);
+  for (const ProbeRound& r : plan) {
+    int source = -1;
+    for (int n = 0; n < k; ++n) {
+      if (r[n] == me) source = n;
+    }
+    const double seconds = Round(leaders, r[me], source, bytes, out, in);
+    if (source >= 0) from[source] = std::max(from[source], static_cast<double>(bytes) / seconds);
+  }
+  return from;
+}
+
+}  // namespace
 
 ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& first_rank_of_node,
                         bool print) {
@@ -302,41 +545,43 @@ ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& fi
   const int k = static_cast<int>(first_rank_of_node.size());
   size_t bytes = kProbeBytes;
   ProbeVerdict verdict;
-  std::vector<std::vector<double>> rate;  // rank 0's
+  ProbeRates rate;  // rank 0's
   if (leaders != nullptr && k > 1) {
     std::vector<char> out, in;
     bytes = RoundBytes(*leaders, out, in);
-    const int me = leaders->rank();
-    std::vector<double> from(k, 0.0);
-    // Every distance, up to kProbePasses times; a pair keeps its fastest
-    // pass (a rank that lost its core for a moment slows one pass, a
-    // shared uplink every pass). Rank 0 decides after each pass whether
-    // another could change the verdict, and tells the leaders.
-    for (int pass = 0; pass < kProbePasses; ++pass) {
-      for (int d = 1; d < k; ++d) {
-        const int source = (me - d + k) % k;
-        from[source] =
-            std::max(from[source], static_cast<double>(bytes) / Round(*leaders, d, bytes, out, in));
-      }
+    // Leader 0 judges and sends every plan of rounds to the others, which
+    // run it and send back their rates; an empty plan ends the probe.
+    auto run = [&](const std::vector<ProbeRound>& plan) {
+      const std::vector<double> from = RunPlan(*leaders, plan, bytes, out, in);
       std::vector<char> mine(from.size() * sizeof(double));
       std::memcpy(mine.data(), from.data(), mine.size());
-      const std::vector<std::vector<char>> gathered = leaders->GatherBytes(mine, 0);
-      std::vector<char> done(1, 0);
-      if (me == 0) {
-        rate = RateMatrix(gathered, k);
-        verdict = ClassifyProbeRates(rate);
-        done[0] = pass + 1 == kProbePasses || Settled(rate, verdict) ||
-                  SecondsSince(start) >= kProbePassSeconds;
+      return leaders->GatherBytes(mine, 0);
+    };
+    if (leaders->rank() == 0) {
+      const MeasureRounds measure = [&](const std::vector<ProbeRound>& plan) {
+        std::vector<char> sent = PlanBytes(plan);
+        leaders->BroadcastBytes(sent, 0);
+        return RateMatrix(run(plan), k);
+      };
+      verdict = JudgeProbe(k, measure, [&] { return SecondsSince(start); }, &rate);
+      std::vector<char> end = PlanBytes({});
+      leaders->BroadcastBytes(end, 0);
+    } else {
+      for (;;) {  // until leader 0's empty plan (at most a few plans)
+        std::vector<char> got;
+        leaders->BroadcastBytes(got, 0);
+        const std::vector<ProbeRound> plan = PlanOf(got, k);
+        if (plan.empty()) break;
+        run(plan);
       }
-      leaders->BroadcastBytes(done, 0);
-      if (done.at(0)) break;
     }
   } else if (k == 1) {
     rate.assign(1, std::vector<double>(1, 0.0));
     verdict = ClassifyProbeRates(rate);
   }
   // Rank 0 (node 0's leader) prints and sends every rank the same bytes:
-  // the kind, each node's group, the reason.
+  // the kind, whether confirmed, the rounds, each node's group, the
+  // seconds, the reason and the checks (split by a NUL).
   std::vector<char> decision;
   if (world.rank() == 0) {
     const ProbeVerdict& v = verdict;
@@ -344,23 +589,31 @@ ProbeVerdict ProbeRacks(Group& world, Group* leaders, const std::vector<int>& fi
     if (print) {
       std::fputs(DescribeProbe(rate, v, first_rank_of_node, bytes, seconds).c_str(), stderr);
     }
-    std::vector<int32_t> words = {static_cast<int32_t>(v.kind)};
+    std::vector<int32_t> words = {static_cast<int32_t>(v.kind), v.confirmed ? 1 : 0, v.rounds};
     words.insert(words.end(), v.group_of_node.begin(), v.group_of_node.end());
     decision.resize(words.size() * sizeof(int32_t) + sizeof(double));
     std::memcpy(decision.data(), words.data(), words.size() * sizeof(int32_t));
     std::memcpy(decision.data() + words.size() * sizeof(int32_t), &seconds, sizeof(double));
     decision.insert(decision.end(), v.reason.begin(), v.reason.end());
+    decision.push_back('\0');
+    decision.insert(decision.end(), v.checks.begin(), v.checks.end());
   }
   world.BroadcastBytes(decision, 0);
-  std::vector<int32_t> words(1 + k);
+  std::vector<int32_t> words(3 + k);
   const size_t head = words.size() * sizeof(int32_t) + sizeof(double);
-  if (decision.size() < head) throw TransportError("the topology probe's verdict arrived truncated");
+  const auto nul = std::find(decision.begin() + std::min(head, decision.size()), decision.end(), '\0');
+  if (decision.size() < head || nul == decision.end()) {
+    throw TransportError("the topology probe's verdict arrived truncated");
+  }
   std::memcpy(words.data(), decision.data(), words.size() * sizeof(int32_t));
   ProbeVerdict v;
   v.kind = static_cast<ProbeVerdict::Kind>(words[0]);
-  v.group_of_node.assign(words.begin() + 1, words.end());
+  v.confirmed = words[1] != 0;
+  v.rounds = words[2];
+  v.group_of_node.assign(words.begin() + 3, words.end());
   std::memcpy(&v.seconds, decision.data() + words.size() * sizeof(int32_t), sizeof(double));
-  v.reason.assign(decision.begin() + head, decision.end());
+  v.reason.assign(decision.begin() + head, nul);
+  v.checks.assign(nul + 1, decision.end());
   return v;
 }
 

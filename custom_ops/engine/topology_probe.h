@@ -1,24 +1,39 @@
 // DDL_TOPOLOGY=probe: the racks measured at start-up instead of told
 // (docs/untold_network.md, "Finding the racks by measuring").
 //
-// One rank per node (each node's local rank 0) takes part. In round d,
-// d = 1 ... K-1, every node sends a few hundred KiB (see kProbeBytes) to
-// the node d places after it
-// (mod K) while receiving from the node d places before, all nodes at
-// once; the receiver times its message from the round's start. So every
-// ordered pair of nodes is measured (up to kProbePasses times; it keeps
-// its fastest), while K - 1 other flows run:
-// flows that share an uplink slow each other down, flows inside a switch
-// do not. A pair's rate is its slower direction. Rank 0 gathers the rates
-// and decides:
-// - racks: the pairs at least half as fast as the fastest tenth link the
-//   nodes into groups of two or more, and every pair across groups is at
-//   most 2/3 as fast as the median pair within a group;
-// - one switch: every pair reached half the fastest tenth's rate and 2/3
-//   of the median pair's (kProbeOneSwitchShare says why);
-// - unclear: anything else (the chain then runs, as with nothing told).
-// It prints what it measured in the autotuner's table style and every rank
-// gets its verdict, so all agree.
+// One rank per node (each node's local rank 0) takes part. Rank 0 of them
+// runs the judge (JudgeProbe) and tells the others which rounds to run;
+// in a round every node sends a few hundred KiB (see kProbeBytes) to at
+// most one node and receives from at most one, all nodes at once, and the
+// receiver times its message from the round's start. Flows that share an
+// uplink slow each other down, flows inside a switch do not. A pair's
+// rate is its slower direction.
+//
+// 1. The first pass: in round d, d = 1 ... K-1, every node sends to the
+//    node d places after it (mod K), so every ordered pair is measured
+//    once while K - 1 other flows run. Its rates are classified
+//    (ClassifyProbeRates):
+//    - racks: the pairs at least half as fast as the fastest tenth link
+//      the nodes into groups of two or more, and every pair across groups
+//      is at most 2/3 as fast as the median pair within a group;
+//    - one switch: every pair reached half the fastest tenth's rate and
+//      2/3 of the median pair's (kProbeOneSwitchShare says why);
+//    - unclear: anything else.
+// 2. Unclear, and the first pass took under kProbePassSeconds: the rounds
+//    that held a direction below the one-switch bar run again, whole (all
+//    their flows at once, so a shared uplink is shared as before), and
+//    each such direction keeps the faster of its two measurements. A rank
+//    that lost its core only slows a flow; an oversubscribed uplink stays
+//    slow. The rates are classified again.
+// 3. Racks: acted on only when a second, independent pass finds the same
+//    partition (ConfirmationRounds: every pair within a group, and one
+//    pairing across each two groups, classified alike). A second pass that
+//    finds other racks gets one more pass to confirm those (the first was
+//    wrong, the second pass measured every pair it needs); any other
+//    disagreement makes the verdict unclear.
+// Unclear runs the chain, as with nothing told. Rank 0 prints what it
+// measured in the autotuner's table style and every rank gets its
+// verdict, so all agree.
 //
 // It errs when a rack's uplink carries one flow as fast as a node link
 // (rounds with many flows across then show the slowdown, but the pairs
@@ -29,6 +44,7 @@
 // shares the uplinks while it runs.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,14 +61,17 @@ namespace ddl {
 constexpr size_t kProbeBytes = 256 << 10;
 constexpr size_t kProbeMaxBytes = 64 << 20;
 constexpr double kProbeRoundSeconds = 0.02;
-// Times every distance is measured at most; a pair keeps its fastest (a
-// rank that lost its core for a moment slows one pass). Another pass runs
-// unless the passes so far settled the verdict (one switch, or racks with
-// the pairs across at most a third of those within) or took
-// kProbePassSeconds (behind slow uplinks a pass takes seconds: one is
-// enough for an answer, however unclear).
-constexpr int kProbePasses = 3;
+// Pieces of every round's message: the receiver times the pieces after
+// the first, which tells a sender that started late from a slow link
+// (Round in topology_probe.cc).
+constexpr size_t kProbePieces = 8;
+// The re-measure of slow directions (step 2) runs only when the first
+// pass took less than this: behind slow uplinks a pass takes seconds, and
+// its verdict there is racks (confirmed cheaply) or unclear anyway.
 constexpr double kProbePassSeconds = 1.0;
+// Confirmation passes at most (step 3): the second confirms the first
+// pass's racks; a third may confirm the racks the second found instead.
+constexpr int kProbeConfirmations = 2;
 // Pairs at least this share of the fastest tenth's rate are linked into
 // one group (a rack) by ClassifyProbeRates.
 constexpr double kProbeLinkShare = 0.5;
@@ -83,12 +102,54 @@ struct ProbeVerdict {
   // the group's lowest node. Groups are racks only with kRacks.
   std::vector<int> group_of_node;
   std::string reason;  // one line: why this verdict
-  double seconds = 0;  // what the probe took, rank 0's clock
+  // What was measured after the first pass and what it showed: the slow
+  // directions measured again, and for racks whether a second pass
+  // confirmed them ("confirmed: ..." or "unconfirmed: ..."); empty when
+  // the first pass's verdict stood alone (one switch at once).
+  std::string checks;
+  bool confirmed = false;  // racks that a second, independent pass found too
+  int rounds = 0;          // rounds run in all passes
+  double seconds = 0;      // what the probe took, rank 0's clock
 };
 
+// A round of the probe: send_to[n] is the node node n sends to, -1 for
+// none; no two nodes send to the same node.
+using ProbeRound = std::vector<int>;
+// rate[from][to] in bytes per second; -1 for a pair the rounds did not
+// measure (ClassifyProbeRates leaves such pairs out).
+using ProbeRates = std::vector<std::vector<double>>;
+// Runs the rounds, one after the other, on the nodes and returns what
+// they measured (a direction measured twice keeps its faster).
+using MeasureRounds = std::function<ProbeRates(const std::vector<ProbeRound>&)>;
+
+// The first pass's rounds at the given distances: node n sends to node
+// n + d (mod k).
+std::vector<ProbeRound> RingRounds(int k, const std::vector<int>& distances);
+
+// The confirmation pass of a partition: inside every group of two or more,
+// rounds d = 1 ... size-1 (each member to the member d places on, all
+// groups at once), so every pair within a group is measured both ways
+// without crossing an uplink the groups are right about; then for each two
+// groups one round pairing their members in order (both directions at
+// once), so every flow of it crosses the boundary between them. If a true
+// rack was split, that pairing is fast; if a group mixes racks, a pair
+// within it is slow: either way the same classification finds another
+// partition.
+std::vector<ProbeRound> ConfirmationRounds(const std::vector<int>& group_of_node);
+
+// Steps 1-3 above on k nodes, measuring through `measure`;
+// `seconds_so_far` is the probe's clock (step 2 runs only under
+// kProbePassSeconds). Deterministic given what `measure` returns. Fills
+// `first_rates` (when not null) with the first pass's rates, slow
+// directions re-measured, for the table.
+ProbeVerdict JudgeProbe(int k, const MeasureRounds& measure,
+                        const std::function<double()>& seconds_so_far,
+                        ProbeRates* first_rates = nullptr);
+
+
 // The decision from measured rates, rate[from][to] in bytes per second
-// (the diagonal unused). Deterministic: every caller with the same rates
-// gets the same verdict.
+// (the diagonal unused; pairs with a negative rate either way left out).
+// Deterministic: every caller with the same rates gets the same verdict.
 ProbeVerdict ClassifyProbeRates(const std::vector<std::vector<double>>& rate);
 
 // "racks", "one switch" or "unclear".

@@ -215,7 +215,11 @@ def topology():
     ("DDL_TOPOLOGY", "SLURM_TOPOLOGY_ADDR", "probe" when the racks were
     measured at init, "unknown" for DDL_TOPOLOGY=unknown, or "" for none),
     ``used`` (the rack allreduce runs), ``probe_verdict`` ("racks", "one
-    switch", "unclear", or "" without a probe), ``probed_by_default`` (the
+    switch", "unclear", or "" without a probe), ``probe_confirmed`` (racks
+    that a second, independent measurement pass found too: the only racks
+    the probe acts on), ``probe_checks`` (what the probe measured after its
+    first pass and what it showed: slow pairs measured again, "confirmed:
+    ..." or "unconfirmed: ..."; "" otherwise), ``probed_by_default`` (the
     probe ran because no topology was given), ``probe_seconds`` (what the
     probe took at init, 0 otherwise), ``schedule`` (what large allreduces
     across nodes run: "racks", "chain" when nothing says what the network

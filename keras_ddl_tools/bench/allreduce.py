@@ -254,7 +254,8 @@ def main(args):
     topology = ddl.topology()
     payload = {"ranks": n, "allreduce": rows,
                "network": {k: topology[k] for k in ("schedule", "source", "description",
-                                                    "probe_seconds", "probe_verdict")}}
+                                                    "probe_seconds", "probe_verdict",
+                                                    "probe_confirmed", "probe_checks")}}
     if not args.skip_resnet:
         grad_rows = gradient_list(max(3, args.reps // 2) if args.reps > 1 else 1,
                                   args.gradient_tensors)

@@ -101,6 +101,21 @@ def _launch(cluster, per_node, algorithm, args, sizes, fp16, json_path, gradient
         return json.load(f)
 
 
+def _verdict_text(launch):
+    """A launch's probe verdict with what its later passes showed: racks
+    "(confirmed)", unclear "(racks unconfirmed)" when a second pass
+    disagreed, "(slow pairs measured again)" when they were."""
+    verdict = str(launch.get("probe_verdict") or "-")
+    checks = launch.get("probe_checks") or ""
+    if launch.get("probe_confirmed"):
+        return verdict + " (confirmed)"
+    if "unconfirmed" in checks:
+        return verdict + " (racks unconfirmed)"
+    if "measured again" in checks:
+        return verdict + " (slow pairs measured again)"
+    return verdict
+
+
 def run(args, sizes, human_bytes):
     nodes, per_node, racks = parse_shape(args.cluster)
     rate_bps = parse_rate(args.rate)
@@ -130,7 +145,8 @@ def run(args, sizes, human_bytes):
                         payload["network"].get("probe_seconds", 0.0))
                     launches.setdefault(a, []).append(
                         {k: payload["network"].get(k) for k in
-                         ("schedule", "probe_verdict", "probe_seconds")})
+                         ("schedule", "probe_verdict", "probe_seconds", "probe_confirmed",
+                          "probe_checks")})
                 if "resnet50_gradients" in payload:
                     gradient_runs.append(payload["resnet50_gradients"])
     table = []
@@ -185,7 +201,7 @@ def run(args, sizes, human_bytes):
     for a, network in networks.items():
         probe = (f" (the probe took {statistics.median(probe_seconds[a]):.2f} s at init, median "
                  "of the launches; verdicts: "
-                 + ", ".join(str(x["probe_verdict"]) for x in launches[a]) + ")"
+                 + ", ".join(_verdict_text(x) for x in launches[a]) + ")"
                  if network.get("probe_seconds") else "")
         print(f"# {a}: large calls across nodes ran '{network['schedule']}'{probe}: "
               f"{network['description']}")
@@ -206,8 +222,7 @@ def run(args, sizes, human_bytes):
                                               "probe_seconds": statistics.median(
                                                   probe_seconds[a]),
                                               "probe_verdict": ", ".join(
-                                                  str(x["probe_verdict"] or "-")
-                                                  for x in launches[a])}
+                                                  _verdict_text(x) for x in launches[a])}
                                              for a, n in networks.items()],
                                "burst_bytes": cluster.burst, "rows": table, "raw": runs,
                                **({"gradients": gradients} if gradients else {})})

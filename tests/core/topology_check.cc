@@ -7,6 +7,7 @@
 // contiguous or interleaved in rank order, uneven, one switch, and the
 // unclear cases), the topology it makes, and the measurement on threads as
 // ranks, whose verdict every rank shares. Prints "<N> checks, <F> failures".
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -372,6 +373,171 @@ void CheckProbeVerdicts() {
          "an unclear verdict: one switch, uncertain: " + t.Describe());
 }
 
+// A network for the judge (JudgeProbe) to measure: racks[n] is node n's
+// rack, node links `link`, uplinks `up` each way. A flow inside a rack
+// gets its link; a flow across shares its source rack's uplink out and
+// its destination rack's uplink in with the round's other flows across
+// them, and gets the smaller share. `noise(call, from, to, rate)` may
+// lower a flow in the given measurement call (0 = the first pass).
+struct ModelledNetwork {
+  std::vector<int> racks;
+  double link = 0, up = 0;
+  std::function<double(int, int, int, double)> noise = [](int, int, int, double r) { return r; };
+  int calls = 0;
+  std::vector<int> rounds_per_call;
+
+  ProbeRates operator()(const std::vector<ProbeRound>& plan) {
+    const int k = static_cast<int>(racks.size());
+    ProbeRates rate(k, std::vector<double>(k, -1.0));
+    for (const ProbeRound& r : plan) {
+      std::map<int, int> out, in;  // flows across, per rack
+      for (int n = 0; n < k; ++n) {
+        if (r[n] >= 0 && racks[n] != racks[r[n]]) ++out[racks[n]], ++in[racks[r[n]]];
+      }
+      for (int n = 0; n < k; ++n) {
+        const int to = r[n];
+        if (to < 0) continue;
+        double x = link;
+        if (racks[n] != racks[to]) {
+          x = std::min(link, up / std::max(out[racks[n]], in[racks[to]]));
+        }
+        rate[n][to] = std::max(rate[n][to], noise(calls, n, to, x));
+      }
+    }
+    ++calls;
+    rounds_per_call.push_back(static_cast<int>(plan.size()));
+    return rate;
+  }
+};
+
+ProbeVerdict Judge(ModelledNetwork& net, double seconds = 0) {
+  return JudgeProbe(static_cast<int>(net.racks.size()), std::ref(net), [=] { return seconds; });
+}
+
+// The judge's passes on modelled networks: noise in the first pass, a
+// clean second; the re-measure of slow directions; confirmation.
+void CheckProbeJudge() {
+  using K = ProbeVerdict::Kind;
+  const double gbit = 125e6;
+  const std::vector<int> contiguous = {0, 0, 0, 0, 1, 1, 1, 1};
+  // The modelled first pass agrees with the matrix model (TwoRacks).
+  ModelledNetwork clean{contiguous, gbit, gbit / 4};
+  ProbeRates first;
+  ProbeVerdict v = JudgeProbe(8, std::ref(clean), [] { return 0.0; }, &first);
+  const ProbeRates matrix = TwoRacks(4, gbit, gbit / 4);
+  bool same = true;
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) same = same && (i == j || first[i][j] == matrix[i][j]);
+  }
+  Expect(same, "the modelled first pass is the matrix model");
+  // 2 x 4 at 4:1, clean: racks, confirmed by a second pass of 3 rounds
+  // within and 1 across, with nothing measured again.
+  Expect(v.kind == K::kRacks && v.group_of_node == contiguous && v.confirmed &&
+             clean.calls == 2 && clean.rounds_per_call == std::vector<int>({7, 4}) &&
+             v.rounds == 11 && Contains(v.checks, "confirmed: a second pass (4 rounds"),
+         "2 x 4 at 4:1, clean: racks confirmed by a second pass: " + v.checks);
+  // A noisy first pass splits rack 0 into {0, 2} and {1, 3} (the pairs at
+  // distances 1 and 3 inside it lost their cores); a clean second pass
+  // pairs {0, 2} with {1, 3} at a node link's rate, so it finds the true
+  // racks, and a third pass confirms those: the right racks.
+  ModelledNetwork split{contiguous, gbit, gbit / 4};
+  split.noise = [](int call, int from, int to, double r) {
+    const bool rack0 = from < 4 && to < 4;
+    const bool odd = (from - to + 4) % 2 != 0;
+    return call == 0 && rack0 && odd ? r / 5 : r;
+  };
+  v = Judge(split);
+  Expect(v.kind == K::kRacks && v.group_of_node == contiguous && v.confirmed &&
+             split.calls == 3 &&
+             Contains(v.checks, "the first pass found nodes 0, 2 | 1, 3 | 4-7, a second pass "
+                                "found nodes 0-3 | 4-7") &&
+             Contains(v.checks, "confirmed: a third pass"),
+         "a first pass splitting a rack: the right racks after two passes agree: " + v.checks);
+  // The same split, then a clean second pass that finds the true racks,
+  // and a third that is noisy in rack 1 (the pairs at odd distances in it
+  // slow): the passes disagree, so unclear, never racks unconfirmed.
+  ModelledNetwork disagree{contiguous, gbit, gbit / 4};
+  disagree.noise = [](int call, int from, int to, double r) {
+    const bool odd = (from - to + 8) % 2 != 0;
+    const bool rack0 = from < 4 && to < 4, rack1 = from >= 4 && to >= 4;
+    return (call == 0 && rack0 && odd) || (call == 2 && rack1 && odd) ? r / 5 : r;
+  };
+  v = Judge(disagree);
+  Expect(v.kind == K::kUnclear && !v.confirmed && disagree.calls == 3 &&
+             Contains(v.checks, "unconfirmed: the first pass found nodes 0, 2 | 1, 3 | 4-7, a "
+                                "second pass found nodes 0-3 | 4-7, a third pass found nodes "
+                                "0-3 | 4, 6 | 5, 7") &&
+             Contains(v.reason, "not confirmed"),
+         "three passes that disagree: unclear: " + v.checks);
+  // A first pass splitting one switch into two groups: the second pass
+  // finds one switch, so unclear (not acted on either way).
+  ModelledNetwork parted{{0, 0, 0, 0}, gbit, gbit};
+  parted.noise = [](int call, int from, int to, double r) {
+    return call == 0 && (from - to + 4) % 2 != 0 ? r / 5 : r;
+  };
+  v = Judge(parted);
+  Expect(v.kind == K::kUnclear && parted.calls == 2 &&
+             Contains(v.checks, "a second pass found one switch"),
+         "one switch split by a noisy first pass: unclear: " + v.checks);
+  // An equal wrong split: racks {0, 1} {2, 3} {4, 5} {6, 7} from a noisy
+  // first pass; the clean second pass finds 0-3 | 4-7, the third confirms.
+  ModelledNetwork halves{contiguous, gbit, gbit / 4};
+  halves.noise = [](int call, int from, int to, double r) {
+    const bool same = from / 4 == to / 4, apart = from / 2 != to / 2;
+    return call == 0 && same && apart ? r / 5 : r;
+  };
+  v = Judge(halves);
+  Expect(v.kind == K::kRacks && v.group_of_node == contiguous && v.confirmed,
+         "4 racks of 2 from noise: confirmed as the 2 racks of 4: " + v.checks);
+  // One switch of 4 nodes with one slow direction in the first pass (a
+  // receiver lost its core): unclear at first; its round measured again,
+  // whole, gives one switch.
+  ModelledNetwork one{{0, 0, 0, 0}, gbit, gbit};
+  one.noise = [](int call, int from, int to, double r) {
+    return call == 0 && from == 1 && to == 2 ? r / 3 : r;
+  };
+  v = Judge(one);
+  Expect(v.kind == K::kOneSwitch && one.calls == 2 && one.rounds_per_call == std::vector<int>({3, 1}) &&
+             Contains(v.checks, "1 direction(s) below the one-switch bar measured again in 1 "
+                                "round(s), each keeping its faster: now one switch"),
+         "one switch with a noisy pair: one switch after the re-measure: " + v.checks);
+  // The same at 8 nodes, two noisy pairs.
+  ModelledNetwork eight{std::vector<int>(8, 0), gbit, gbit};
+  eight.noise = [](int call, int from, int to, double r) {
+    return call == 0 && ((from == 3 && to == 6) || (from == 5 && to == 4)) ? r / 2 : r;
+  };
+  v = Judge(eight);
+  Expect(v.kind == K::kOneSwitch && eight.calls == 2, "8 on one switch, 2 noisy pairs: " + v.checks);
+  // Past kProbePassSeconds nothing is measured again: unclear.
+  ModelledNetwork late = one;
+  late.calls = 0;
+  late.rounds_per_call.clear();
+  v = Judge(late, kProbePassSeconds);
+  Expect(v.kind == K::kUnclear && late.calls == 1, "no re-measure after the time: unclear");
+  // Oversubscribed 2:1 (2 x 4 and 2 x 8): the slow directions stay slow
+  // when measured again with their rounds' other flows, so never one
+  // switch; measuring them alone would have found them fast.
+  for (int n : {4, 8}) {
+    std::vector<int> racks(2 * n);
+    for (int i = 0; i < 2 * n; ++i) racks[i] = i / n;
+    for (double ratio : {2.0, 3.0}) {
+      ModelledNetwork over{racks, gbit, n * gbit / ratio};
+      v = Judge(over);
+      Expect(v.kind != K::kOneSwitch && over.calls >= 2,
+             std::to_string(n) + " nodes a rack at " + std::to_string(ratio) +
+                 ":1: not one switch after the re-measure: " + VerdictName(v.kind) + " " + v.checks);
+    }
+  }
+  // Confirmation rounds: within each group, then one pairing per two groups.
+  const std::vector<ProbeRound> rounds = ConfirmationRounds({0, 0, 1, 1, 1, 2});
+  Expect(rounds.size() == 2 + 3 && rounds[0] == ProbeRound({1, 0, 3, 4, 2, -1}) &&
+             rounds[1] == ProbeRound({-1, -1, 4, 2, 3, -1}) &&
+             rounds[2] == ProbeRound({2, 3, 0, 1, -1, -1}) &&
+             rounds[3] == ProbeRound({5, -1, -1, -1, -1, 0}) &&
+             rounds[4] == ProbeRound({-1, -1, 5, -1, -1, 2}),
+         "the confirmation rounds of groups of 2, 3 and 1");
+}
+
 // The measurement on threads as ranks: 4 nodes x 2 ranks, the nodes'
 // first ranks as leaders. The rates are whatever threads reach, so only
 // the agreement is checked: every rank holds rank 0's verdict, with a
@@ -399,6 +565,7 @@ int main() {
   CheckDetect();
   CheckAgreement();
   CheckProbeVerdicts();
+  CheckProbeJudge();
   CheckProbeAgreement();
   return ddl_test::Summary();
 }

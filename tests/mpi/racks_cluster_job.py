@@ -124,9 +124,15 @@ def probe_measured_the_racks():
     assert all(v == views[0] for v in views), views
     # Racks only when they are the right ones (node1, node2 | node3, node4);
     # a busy machine may leave the verdict unclear, never wrong.
+    # Racks are acted on only once a second pass found the same partition,
+    # and the description says so (or why not).
+    assert (topo["probe_verdict"] == "racks") == topo["probe_confirmed"], topo
+    if topo["probe_checks"]:
+        assert topo["probe_checks"] in topo["description"], topo
     if topo["used"]:
         assert topo["rack_of_rank"] == [0, 0, 1, 1], topo
         assert topo["racks"] == ["probe1", "probe2"] and topo["schedule"] == "racks", topo
+        assert "; confirmed: a " in topo["description"], topo
         assert ddl.allreduce_algorithm() == "racks", ddl.allreduce_algorithm()
     else:
         # Never one switch behind these 4:1 uplinks (kProbeOneSwitchShare).
