@@ -319,6 +319,25 @@ void SilentRank() {
 // says set-up failed, within the peer timeout and the judge's looks (0.5 s
 // and 0.5 s here), while that rank is still held; then it fails too.
 // Nothing waits for it.
+// Each rank of a new in-process world creates its Context: the error each
+// returned ("" when set-up worked) and when, in seconds from the start.
+struct SetupOutcome {
+  std::vector<std::string> errors;
+  std::vector<double> seconds;
+};
+SetupOutcome SetUpEveryRank(int ranks) {
+  InProcessGroup group(ranks, 1 << 16);
+  SetupOutcome out{std::vector<std::string>(ranks), std::vector<double>(ranks)};
+  const auto start = Clock::now();
+  group.Run([&](int r) {
+    std::unique_ptr<Context> ctx;
+    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
+    out.seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+    out.errors[r] = s.ok() ? "" : s.message();
+  });
+  return out;
+}
+
 void LateToASetupStep(const char* step, int ranks, const char* local_size) {
   Settings settings{{"DDL_PEER_TIMEOUT_S", "0.5"}, {"DDL_ALLREDUCE", "auto"},
                     {"DDL_LOCAL_SIZE", local_size}};
@@ -329,16 +348,9 @@ void LateToASetupStep(const char* step, int ranks, const char* local_size) {
     if (world_rank != late || std::strcmp(at, step) != 0 || held.exchange(true)) return;
     std::this_thread::sleep_for(std::chrono::duration<double>(held_s));
   };
-  InProcessGroup group(ranks, 1 << 16);
-  std::vector<std::string> errors(ranks);
-  std::vector<double> seconds(ranks);
-  const auto start = Clock::now();
-  group.Run([&](int r) {
-    std::unique_ptr<Context> ctx;
-    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
-    seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
-    errors[r] = s.ok() ? "" : s.message();
-  });
+  const SetupOutcome setup = SetUpEveryRank(ranks);
+  const std::vector<std::string>& errors = setup.errors;
+  const std::vector<double>& seconds = setup.seconds;
   ddl_test::SplitHook() = nullptr;
   const std::string where = std::string(" (rank late to the ") + step + ")";
   Expect(held, std::string("the late rank reached the ") + step + where);
@@ -363,16 +375,9 @@ void NodeGroupCheckFailsOnEveryRank() {
                     {"DDL_LOCAL_SIZE", "2"}};
   constexpr int kRanks = 4;
   ddl_test::MachineOf() = [](int world_rank) { return world_rank == 3 ? 1 : 0; };
-  InProcessGroup group(kRanks, 1 << 16);
-  std::vector<std::string> errors(kRanks);
-  std::vector<double> seconds(kRanks);
-  const auto start = Clock::now();
-  group.Run([&](int r) {
-    std::unique_ptr<Context> ctx;
-    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
-    seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
-    errors[r] = s.ok() ? "" : s.message();
-  });
+  const SetupOutcome setup = SetUpEveryRank(kRanks);
+  const std::vector<std::string>& errors = setup.errors;
+  const std::vector<double>& seconds = setup.seconds;
   ddl_test::MachineOf() = nullptr;
   for (int r = 0; r < kRanks; ++r) {
     Expect(Contains(errors[r], "do not all share memory on one machine") &&
