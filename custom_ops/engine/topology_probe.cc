@@ -190,7 +190,7 @@ PairBars BarsOf(const ProbeRates& rate) {
 
 // "nodes 0, 2 | 1, 3 | 4-7": the groups of a partition, by node.
 std::string GroupsText(const std::vector<int>& group_of_node) {
-  if (group_of_node.empty()) return "no nodes";
+  if (group_of_node.empty()) return "none";
   const int groups = *std::max_element(group_of_node.begin(), group_of_node.end()) + 1;
   std::string out = "nodes ";
   for (int g = 0; g < groups; ++g) {
