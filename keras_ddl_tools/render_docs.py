@@ -419,6 +419,32 @@ def view_backup_cost(result):
     return lines
 
 
+def view_scale_table(result):
+    """docs/scripts/scale_table.py: the engine at 64-256 thread-ranks, the time per call and
+    the silent node's reports."""
+    lines = ["| ranks | racks x nodes x local | time per call | silent node: the median rank's "
+             "report | the last rank's report |", "| --- | --- | --- | --- | --- |"]
+    # A number the same in every launch (the rank count) is merged as a range too.
+    ranks = lambda r: int(r["ranks"]["median"])  # noqa: E731
+    reported = []
+    for r in sorted(_rows(result, "scale"), key=ranks):
+        def spread(field, digits, unit):
+            f = r[field]
+            return (f"{f['median']:.{digits}f} {unit} "
+                    f"({f['min']:.{digits}f}-{f['max']:.{digits}f})")
+        lines.append(f"| {ranks(r)} | {r['key'].replace('x', ' x ')} | "
+                     f"{spread('call_ms', 0, 'ms')} | {spread('verdict_median_s', 2, 's')} | "
+                     f"{spread('verdict_slowest_s', 2, 's')} |")
+        if r["verdicts"]["min"] != ranks(r):
+            reported.append(f"at {ranks(r)} ranks, {r['verdicts']['min']} in the worst launch")
+    every = ("every rank reported in every launch" if not reported
+             else "not every rank reported: " + "; ".join(reported))
+    lines += ["", f"Each launch is one run of `scale_check --table`: its median over the calls "
+              f"(time per call), or over the ranks (the reports; {every}).", "",
+              _source(result)]
+    return lines
+
+
 # name -> (results file, function, keyword arguments). A new results file
 # gets a view here, then a block in README.md or docs/PERFORMANCE.md.
 VIEWS = {
@@ -431,6 +457,7 @@ VIEWS = {
     "fit_overlap_2_resnet50.layout": ("fit_overlap_2_resnet50", view_fit_layout, {}),
     "fit_overlap_2_cnn.layout": ("fit_overlap_2_cnn", view_fit_layout, {}),
     "backup_resnet50.cost": ("backup_resnet50", view_backup_cost, {}),
+    "scale_harness.table": ("scale_harness", view_scale_table, {}),
     # Views ready for results files not made yet (see docs/results/README.md):
     "cluster_2x1_1gbit.allreduce": ("cluster_2x1_1gbit", view_cluster_allreduce, {}),
     "cluster_2x2_1gbit.allreduce": ("cluster_2x2_1gbit", view_cluster_allreduce, {}),

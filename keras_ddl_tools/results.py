@@ -126,7 +126,7 @@ def _tables(payload):
 
 
 def _row_key(row):
-    for field in ("size", "method", "model", "overlap", "layout", "tensors"):
+    for field in ("size", "method", "model", "overlap", "layout", "tensors", "shape"):
         if isinstance(row.get(field), str):
             label = row[field]
             if field == "overlap" and "wire" in row:

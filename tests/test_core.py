@@ -225,7 +225,11 @@ def test_engine_on_threads_as_ranks(tmp_path):
     middle of a cycle; the stall verdict; a silent rank (peer timeout); a
     rank 3 s late to a set-up step (the set-up group's split right after the
     settings are agreed, which waited without a timeout before; the
-    node-group check): every other rank's set-up fails within 2.5 s."""
+    node-group check): every other rank's set-up fails within 2.5 s; the
+    node-group check failing on one node only (its ranks on two machines):
+    every rank returns that error at once; rank 0 stuck opening
+    DDL_AUTOTUNE_FILE (a FIFO) at the first allreduce: the others' call
+    fails within 2.5 s; a wait's pause count past 2^31 (it still naps)."""
     assert_no_failures(build_and_run("engine_check.cc", engine_sources(), tmp_path))
 
 

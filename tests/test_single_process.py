@@ -143,36 +143,75 @@ def test_autograph_calls_the_public_ops_as_they_are():
 
 # The C boundary (custom_ops/bindings/c_api.cc). Run in a child process:
 # without the checks, a null buffer or a capacity of 0 wrote before the
-# buffer or into address 0 and ended the process.
+# buffer or into address 0 and ended the process. The child runs with
+# tests/core/c_boundary_faults.cc preloaded, which makes chosen MPI calls
+# fail and chosen allocations throw (each line marked "fault").
 C_BOUNDARY = r"""
 import ctypes
 from keras_ddl.common import basics
 lib = basics.core_library()
+faults = ctypes.CDLL(None)  # the preloaded fault library
 lib.ddl_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
 lib.ddl_topology.argtypes = [ctypes.c_char_p, ctypes.c_int]
 lib.ddl_last_error.restype = ctypes.c_char_p
+def error():
+    return lib.ddl_last_error().decode()
 n = lib.ddl_mpi_library_version(None, 0)
 buf = ctypes.create_string_buffer(8)
 short = lib.ddl_mpi_library_version(buf, 8)
 print("VERSION", n, short, len(buf.value))
-assert lib.ddl_init() == 0
+faults.ddl_fault_allocations(1)
+print("VERSION_NOMEM", lib.ddl_mpi_library_version(buf, 8), error())  # fault
+faults.ddl_fault_mpi(b"MPI_Comm_dup")
+print("INIT_DUP", lib.ddl_init(), error())  # fault
+faults.ddl_fault_mpi(b"MPI_Comm_set_errhandler")
+print("INIT_ERRHANDLER", lib.ddl_init(), error())  # fault
+assert lib.ddl_init() == 0, error()
 print("TOPOLOGY", lib.ddl_topology(None, 100), lib.ddl_topology(None, 0))
+faults.ddl_fault_allocations(1)
+print("TOPOLOGY_NOMEM", lib.ddl_topology(None, 100), error())  # fault
 set_id = ctypes.c_int(-7)
 code = lib.ddl_add_process_set((ctypes.c_int * 1)(0), -1, ctypes.byref(set_id))
-print("ADD", code, set_id.value, lib.ddl_last_error().decode())
+print("ADD", code, set_id.value, error())
 print("SHUTDOWN", lib.ddl_shutdown())
 """
 
 
-def test_c_entry_points_check_sizes_and_counts():
+def fault_library(tmp_path):
+    """tests/core/c_boundary_faults.cc built against the MPI the core uses."""
+    mpi = basics.build_info().get("mpi", "")
+    if not mpi.startswith("mpich wheel at "):
+        pytest.skip(f"the fault library is built against the mpich wheel; this core uses {mpi}")
+    prefix = mpi[len("mpich wheel at "):]
+    out = tmp_path / "c_boundary_faults.so"
+    source = os.path.join(os.path.dirname(__file__), "core", "c_boundary_faults.cc")
+    subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{prefix}/include",
+                    source, "-o", str(out), "-ldl"], check=True, capture_output=True, text=True)
+    return str(out)
+
+
+def test_c_entry_points_check_sizes_and_counts(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", LD_PRELOAD=fault_library(tmp_path))
     proc = subprocess.run([sys.executable, "-c", C_BOUNDARY], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split()[0]: line.split(maxsplit=1)[1] for line in proc.stdout.splitlines()
              if line.split() and line.split()[0].isupper()}
     n, short, written = map(int, lines["VERSION"].split())
     # No buffer: the length only; 8 bytes: 7 characters and the NUL.
     assert n > 8 and short == n and written == 7, lines
+    # An exception inside an entry point (here std::bad_alloc) is -2 and
+    # the error text, never an exception into the C caller (which aborts).
+    for name in ("VERSION_NOMEM", "TOPOLOGY_NOMEM"):
+        code, message = lines[name].split(maxsplit=1)
+        assert code == "-2" and message == "keras_ddl internal error: std::bad_alloc", lines
+    # MPI return codes at set-up: an error (4, Internal) naming the call,
+    # and the next init works.
+    code, message = lines["INIT_DUP"].split(maxsplit=1)
+    assert code == "4" and message.startswith("MPI_Comm_dup of MPI_COMM_WORLD failed: "), lines
+    code, message = lines["INIT_ERRHANDLER"].split(maxsplit=1)
+    assert code == "4" and message.startswith(
+        "setting up the world's communicator failed: MPI_Comm_set_errhandler: "), lines
     full, empty = map(int, lines["TOPOLOGY"].split())
     assert full > 0 and full == empty, lines
     code, set_id, message = lines["ADD"].split(maxsplit=2)

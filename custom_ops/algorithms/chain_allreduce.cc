@@ -1,15 +1,12 @@
 #include "chain_allreduce.h"
 
-#include <sched.h>
-
 #include <algorithm>
-#include <chrono>
 #include <deque>
-#include <thread>
 #include <vector>
 
 #include "../common/reduce_kernels.h"
 #include "../transport/tags.h"
+#include "../transport/wait.h"
 
 namespace ddl {
 
@@ -63,42 +60,6 @@ class MessageQueue {
   std::deque<Message> queue_;
 };
 
-// The wait between passes that found nothing to do, as the rack
-// allreduce's: polls a while (the message is often about to land), then
-// yields its core (ranks may outnumber cores), then naps up to 100 us
-// (over TCP a message moves only while its ends call into the transport).
-// Idle() is true once nothing has moved for kBlockAfter: the caller then
-// blocks in the transport, whose wait applies the peer timeout.
-class IdleBackoff {
- public:
-  void Reset() {
-    passes_ = 0;
-    nap_ = std::chrono::microseconds(20);
-    quiet_since_ = std::chrono::steady_clock::now();
-  }
-  bool Idle() {
-    ++passes_;
-    if (passes_ < kSpinPasses) return false;
-    if (passes_ < kSpinPasses + kYieldPasses) {
-      sched_yield();
-      return false;
-    }
-    std::this_thread::sleep_for(nap_);
-    nap_ = std::min(nap_ * 2, std::chrono::microseconds(100));
-    return std::chrono::steady_clock::now() - quiet_since_ > kBlockAfter;
-  }
-
- private:
-  static constexpr int kSpinPasses = 50;
-  static constexpr int kYieldPasses = 50;
-  // Long next to a piece's message over a slow link, short next to any
-  // peer timeout.
-  static constexpr std::chrono::milliseconds kBlockAfter{1000};
-  int passes_ = 0;
-  std::chrono::microseconds nap_{20};
-  std::chrono::steady_clock::time_point quiet_since_ = std::chrono::steady_clock::now();
-};
-
 }  // namespace
 
 size_t ChainPieceBytes(size_t call_bytes, int ranks) {
@@ -144,7 +105,7 @@ void ChainAllreduce(Transport& t, void* buffer, int64_t count, DataType dtype, R
   int64_t posted = 0;    // partials from the left with a receive posted
   int64_t made = 0;      // pieces whose partial (or, on the last rank, result) is made
   int64_t results = 0;   // results this rank holds
-  IdleBackoff backoff;
+  PipelineIdle backoff(t.PeerTimeoutSeconds());
   // Every rank posts each stream's messages in piece order, so the k-th
   // message between two neighbours on a tag is piece k's at both ends. A
   // message waited for never depends on this rank acting again: a partial

@@ -1,7 +1,6 @@
 #include "rack_allreduce.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <deque>
 #include <vector>
@@ -58,30 +57,6 @@ class RoundMessages {
  private:
   Transport& t_;
   std::vector<Transport::Handle> handles_;
-};
-
-// The schedule's wait between passes that found nothing done: the data
-// pace of transport/wait.h (the cap stays short: over TCP a message needs
-// both ends to poll). Idle() is true once nothing has moved for
-// kBlockAfter: then the caller blocks in the transport, whose wait has the
-// peer clock and its judge.
-class WaitBackoff {
- public:
-  void Reset() {
-    backoff_.Reset();
-    quiet_since_ = std::chrono::steady_clock::now();
-  }
-  bool Idle() {
-    backoff_.Pause();
-    return !backoff_.Spinning() && std::chrono::steady_clock::now() - quiet_since_ > kBlockAfter;
-  }
-
- private:
-  // Long next to a piece's message over a slow uplink (a 1 MB message at
-  // 62 Mbit/s takes 130 ms), short next to any peer timeout.
-  static constexpr std::chrono::milliseconds kBlockAfter{1000};
-  Backoff backoff_{DataPace(50)};
-  std::chrono::steady_clock::time_point quiet_since_ = std::chrono::steady_clock::now();
 };
 
 // One round of a reduce-scatter over `t`: part p of the range goes to rank
@@ -427,7 +402,8 @@ void RackAllreduce(Transport& rack, Transport& across, void* buffer, int64_t cou
   // stage before, waiting for a slot.
   std::deque<int64_t> flight[kStages], queued[kStages];
   int64_t admitted = 0, finished = 0;
-  WaitBackoff backoff;
+  // The uplinks are where a piece's round waits longest.
+  PipelineIdle backoff(across.PeerTimeoutSeconds());
   // Every rank moves each piece on as soon as its own round of it is done,
   // with no step shared by the stages: a round waits only for the messages
   // of its piece, never for a slow message of another stage, so the

@@ -57,6 +57,7 @@ class MpiTransport : public Group {
   // every so often, while a dead peer or a cut link completes none; a
   // piece that takes longer than the timeout goes to the judge.
   void SetPeerTimeout(double seconds) override { clock_.SetTimeout(seconds); }
+  double PeerTimeoutSeconds() const override { return clock_.timeout_s(); }
   void SetLiveness(Liveness* judge) override { clock_.SetLiveness(judge); }
   void SetSpinPolls(int polls) override { spin_polls_ = polls; }
   std::vector<int> PendingPeers() const override;

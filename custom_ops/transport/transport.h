@@ -38,6 +38,11 @@ class Transport {
 
   // Largest message a single Isend/Irecv accepts; algorithms chunk above it.
   virtual size_t MaxMessageBytes() const = 0;
+
+  // The peer timeout Wait applies (0: none, or not known here). A schedule
+  // that polls with Test hands over to Wait well within it (see
+  // PipelineIdle in wait.h).
+  virtual double PeerTimeoutSeconds() const { return 0; }
 };
 
 class TransportError : public std::exception {

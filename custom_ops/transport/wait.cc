@@ -21,6 +21,23 @@ void Backoff::Pause() {
   if (nap_ < pace_.max_nap) nap_ = std::min(nap_ * 2, pace_.max_nap);
 }
 
+PipelineIdle::PipelineIdle(double peer_timeout_s) {
+  std::chrono::duration<double> after(1.0);
+  if (peer_timeout_s > 0) after = std::min(after, std::chrono::duration<double>(peer_timeout_s / 4));
+  block_after_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(after);
+}
+
+void PipelineIdle::Reset() {
+  backoff_.Reset();
+  quiet_since_ = std::chrono::steady_clock::now();
+}
+
+bool PipelineIdle::Idle() {
+  backoff_.Pause();
+  // The clock is read only once the polls are over: reading it costs more.
+  return !backoff_.Spinning() && std::chrono::steady_clock::now() - quiet_since_ > block_after_;
+}
+
 void PeerClock::BeginWait() {
   const auto now = Clock::now();
   if (now - last_ > std::chrono::duration<double>(timeout_s_ / 2)) {

@@ -74,7 +74,10 @@ inline WaitPace SetupPace() {
 
 class Backoff {
  public:
-  explicit Backoff(WaitPace pace) : pace_(pace), nap_(pace.first_nap) {}
+  // `pauses`: how many this wait has made already (0; a check starts one
+  // near a limit instead of pausing billions of times).
+  explicit Backoff(WaitPace pace, int64_t pauses = 0)
+      : pace_(pace), nap_(pace.first_nap), pauses_(pauses) {}
   // One step of the wait: nothing, a yield or a nap, by how long it lasted.
   void Pause();
   // Progress: the next pauses start over with polls.
@@ -91,6 +94,29 @@ class Backoff {
   WaitPace pace_;
   std::chrono::microseconds nap_;
   int64_t pauses_ = 0;  // 64 bits: a wait without a timeout may last forever
+};
+
+// The wait of a pipelined schedule (the rack and chain allreduces) between
+// passes that found nothing done: the data pace, and Idle() once nothing
+// moved for a while, when the schedule blocks in the transport's Wait so
+// that the peer clock and its judge apply. The while is 1 s (long next to
+// a piece's message over a slow uplink: 1 MB at 62 Mbit/s takes 130 ms),
+// and a quarter of a shorter peer timeout: Wait starts its clock afresh
+// when the quiet before it passed half the timeout (PeerClock::BeginWait),
+// so a longer poll would add itself to the time a dead peer takes to be
+// named.
+class PipelineIdle {
+ public:
+  explicit PipelineIdle(double peer_timeout_s);
+  // Something moved.
+  void Reset();
+  // One pass found nothing done: pauses, and says whether to block now.
+  bool Idle();
+
+ private:
+  Backoff backoff_{DataPace(50)};
+  std::chrono::steady_clock::duration block_after_;
+  std::chrono::steady_clock::time_point quiet_since_ = std::chrono::steady_clock::now();
 };
 
 // What a wait tells its judge once the peer timeout has run out.

@@ -4,8 +4,13 @@
 // objects, so the paths that otherwise need an mpiexec launch each run in
 // milliseconds to seconds. Prints one line per failure and
 // "<N> checks, <F> failures".
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +25,7 @@
 #include "check.h"
 #include "engine/engine.h"
 #include "in_process.h"
+#include "transport/wait.h"
 
 using namespace ddl;
 using ddl_test::Expect;
@@ -313,6 +319,25 @@ void SilentRank() {
 // says set-up failed, within the peer timeout and the judge's looks (0.5 s
 // and 0.5 s here), while that rank is still held; then it fails too.
 // Nothing waits for it.
+// Each rank of a new in-process world creates its Context: the error each
+// returned ("" when set-up worked) and when, in seconds from the start.
+struct SetupOutcome {
+  std::vector<std::string> errors;
+  std::vector<double> seconds;
+};
+SetupOutcome SetUpEveryRank(int ranks) {
+  InProcessGroup group(ranks, 1 << 16);
+  SetupOutcome out{std::vector<std::string>(ranks), std::vector<double>(ranks)};
+  const auto start = Clock::now();
+  group.Run([&](int r) {
+    std::unique_ptr<Context> ctx;
+    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
+    out.seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+    out.errors[r] = s.ok() ? "" : s.message();
+  });
+  return out;
+}
+
 void LateToASetupStep(const char* step, int ranks, const char* local_size) {
   Settings settings{{"DDL_PEER_TIMEOUT_S", "0.5"}, {"DDL_ALLREDUCE", "auto"},
                     {"DDL_LOCAL_SIZE", local_size}};
@@ -323,16 +348,9 @@ void LateToASetupStep(const char* step, int ranks, const char* local_size) {
     if (world_rank != late || std::strcmp(at, step) != 0 || held.exchange(true)) return;
     std::this_thread::sleep_for(std::chrono::duration<double>(held_s));
   };
-  InProcessGroup group(ranks, 1 << 16);
-  std::vector<std::string> errors(ranks);
-  std::vector<double> seconds(ranks);
-  const auto start = Clock::now();
-  group.Run([&](int r) {
-    std::unique_ptr<Context> ctx;
-    Status s = Context::Create(std::make_unique<InProcessRank>(group, r), &ctx);
-    seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
-    errors[r] = s.ok() ? "" : s.message();
-  });
+  const SetupOutcome setup = SetUpEveryRank(ranks);
+  const std::vector<std::string>& errors = setup.errors;
+  const std::vector<double>& seconds = setup.seconds;
   ddl_test::SplitHook() = nullptr;
   const std::string where = std::string(" (rank late to the ") + step + ")";
   Expect(held, std::string("the late rank reached the ") + step + where);
@@ -347,6 +365,107 @@ void LateToASetupStep(const char* step, int ranks, const char* local_size) {
 
 void LateToTheSetupSplit() { LateToASetupStep("split", 3, "1"); }
 void LateToTheNodeGroupCheck() { LateToASetupStep("split by machine", 4, "2"); }
+
+// The node-group check fails on one node only (its two ranks are on two
+// machines, MachineOf): every rank of the job returns that node's error
+// together, at once. Before, the failing node returned early and the
+// other node's ranks waited in the next world step for the peer timeout.
+void NodeGroupCheckFailsOnEveryRank() {
+  Settings settings{{"DDL_PEER_TIMEOUT_S", "2"}, {"DDL_ALLREDUCE", "hierarchical"},
+                    {"DDL_LOCAL_SIZE", "2"}};
+  constexpr int kRanks = 4;
+  ddl_test::MachineOf() = [](int world_rank) { return world_rank == 3 ? 1 : 0; };
+  const SetupOutcome setup = SetUpEveryRank(kRanks);
+  const std::vector<std::string>& errors = setup.errors;
+  const std::vector<double>& seconds = setup.seconds;
+  ddl_test::MachineOf() = nullptr;
+  for (int r = 0; r < kRanks; ++r) {
+    Expect(Contains(errors[r], "do not all share memory on one machine") &&
+               (r >= 2 || Contains(errors[r], "(on rank 2; reported by rank " + std::to_string(r))),
+           "every rank returns the failing node's error" + R(r) + ": " + errors[r]);
+    Expect(seconds[r] < 1.0, "at once, not after the peer timeout" + R(r) + ": " +
+                                 std::to_string(seconds[r]) + " s");
+  }
+}
+
+// A wait without a timeout may poll forever: past 2^31 pauses it still
+// naps (a 32-bit count of polls wrapped negative there, and the wait then
+// spun without a nap). Started just below the limits, not paused there.
+void BackoffPastTwoToThe31() {
+  const WaitPace pace{50, 50, std::chrono::microseconds(1), std::chrono::microseconds(1)};
+  Backoff backoff(pace, INT_MAX - 2);
+  for (int i = 0; i < 4; ++i) backoff.Pause();
+  Expect(backoff.pauses() == int64_t{INT_MAX} + 2 && !backoff.Spinning(),
+         "past 2^31 pauses a wait still naps: " + std::to_string(backoff.pauses()));
+  const int64_t top = int64_t{1} << 62;
+  Backoff saturated(pace, top - 1);
+  for (int i = 0; i < 3; ++i) saturated.Pause();
+  Expect(saturated.pauses() == top && !saturated.Spinning(),
+         "the count saturates at 2^62: " + std::to_string(saturated.pauses()));
+}
+
+// DDL_AUTOTUNE_FILE is read by rank 0 at the first call over the network
+// and broadcast to every rank (Autotuner::Start). Rank 0 is stuck opening
+// it (a FIFO that no one writes, as a file on a hung network mount): the
+// other ranks wait in the broadcast on the world group, which has the peer
+// timeout, and their call fails with the report within the timeout and the
+// judge's looks (0.5 s and 0.5 s), while rank 0 is still stuck. Then rank
+// 0 is let go (it reads an empty file) and fails too, finding them gone.
+void LateToTheAutotuneTable() {
+  char dir[] = "/tmp/ddl_late_table_XXXXXX";
+  if (mkdtemp(dir) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const std::string fifo = std::string(dir) + "/table";
+  if (mkfifo(fifo.c_str(), 0600) != 0) throw std::runtime_error("mkfifo failed");
+  Settings settings{{"DDL_PEER_TIMEOUT_S", "0.5"}, {"DDL_AUTOTUNE", "1"},
+                    {"DDL_AUTOTUNE_FILE", fifo.c_str()}, {"DDL_LOCAL_SIZE", "1"}};
+  constexpr int kRanks = 3;
+  std::atomic<int> failed{0};
+  std::atomic<bool> released{false};
+  std::vector<double> seconds(kRanks, -1);
+  std::vector<std::string> errors(kRanks);
+  std::vector<bool> released_first(kRanks, false);
+  // Opens the FIFO for writing (and closes it) once ranks 1 and 2 have
+  // failed, or after 4 s: rank 0's open returns, with nothing to read.
+  std::thread release([&] {
+    const auto until = Clock::now() + std::chrono::seconds(4);
+    while (failed < kRanks - 1 && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (int tries = 0; tries < 2000; ++tries) {  // 10 s: rank 0 opens it first
+      const int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) {
+        released = true;
+        close(fd);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  InProcessGroup group(kRanks, 1 << 16);
+  const auto start = Clock::now();
+  group.Run([&](int r) {
+    auto engine = MakeEngine(group, r);
+    auto t = std::make_shared<Tensor>(std::vector<float>(1000, 1.0f));
+    engine->EnqueueAndDrive(One(Collective("tuned", t)));
+    Expect(AwaitDone(t, 15), "the call ends" + R(r));
+    seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+    errors[r] = t->status.message();
+    released_first[r] = released;
+    if (!t->status.ok()) ++failed;
+  });
+  release.join();
+  unlink(fifo.c_str());
+  rmdir(dir);
+  Expect(released, "rank 0 was stuck opening the table until let go");
+  for (int r = 0; r < kRanks; ++r) {
+    Expect(Contains(errors[r], "no progress for 0.5 s"),
+           "the call fails with the peer timeout" + R(r) + ": " + errors[r]);
+    if (r == 0) continue;
+    Expect(!released_first[r] && seconds[r] < 2.5,
+           "while rank 0 is stuck, within the timeout and the judge's looks" + R(r) + ": " +
+               std::to_string(seconds[r]) + " s");
+  }
+}
 
 // Rank 2 runs its engine but never offers "x": after DDL_STALL_TIMEOUT_S
 // the coordinator's verdict fails every pending work on every rank,
@@ -571,6 +690,9 @@ int main(int argc, char** argv) {
       {"silent", SilentRank},
       {"late-split", LateToTheSetupSplit},
       {"late-node-check", LateToTheNodeGroupCheck},
+      {"node-check-fails", NodeGroupCheckFailsOnEveryRank},
+      {"backoff", BackoffPastTwoToThe31},
+      {"late-table", LateToTheAutotuneTable},
   };
   if (only == "small-shm") {  // only inside its mount namespace (see SmallDevShm)
     SmallDevShm();

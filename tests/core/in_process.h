@@ -277,6 +277,13 @@ inline std::function<void(const char* step, int world_rank)>& SplitHook() {
   return hook;
 }
 
+// The machine of each world rank as SplitByMachine sees it (null: every
+// thread-rank on one machine, 0): a check may put a node's ranks on two.
+inline std::function<int(int world_rank)>& MachineOf() {
+  static std::function<int(int)> machine;
+  return machine;
+}
+
 // One rank's view of the group. Sends are buffered (they complete at once);
 // a receive completes in Wait. So a send buffer changed before its Wait,
 // which MPI leaves undefined, goes unnoticed here.
@@ -336,10 +343,10 @@ class InProcessRank : public ddl::Group {
     if (SplitHook()) SplitHook()("split", WorldRank(rank_));
     return SplitNow(color, key);
   }
-  // Threads share one machine.
+  // Threads share one machine (unless MachineOf says otherwise).
   std::unique_ptr<ddl::Group> SplitByMachine(int key) override {
     if (SplitHook()) SplitHook()("split by machine", WorldRank(rank_));
-    return SplitNow(0, key);
+    return SplitNow(MachineOf() ? MachineOf()(WorldRank(rank_)) : 0, key);
   }
   std::unique_ptr<ddl::Group> SplitNow(int color, int key) {
     const int64_t mine[2] = {color, key};
@@ -388,6 +395,7 @@ class InProcessRank : public ddl::Group {
     }
   }
   void SetPeerTimeout(double seconds) override { clock_.SetTimeout(seconds); }
+  double PeerTimeoutSeconds() const override { return clock_.timeout_s(); }
   void SetLiveness(ddl::Liveness* judge) override { clock_.SetLiveness(judge); }
   void SetSpinPolls(int) override {}
   // This world rank's bytes over the Network's links (every group of it).
