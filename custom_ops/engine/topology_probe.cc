@@ -68,19 +68,10 @@ double Round(Group& leaders, int to, int from, size_t bytes, std::vector<char>& 
     leaders.Wait(receives[i]);
     if (i == 0) first = SecondsSince(start);
   }
-  double seconds = -1.0;
-  if (from >= 0) {
-    seconds = std::max(SecondsSince(start), 1e-9);
-    const double first_bytes = static_cast<double>(std::min(piece, bytes));
-    const double rest = seconds - first;
-    if (receives.size() > 1 && rest > 0) {
-      const double rate = (static_cast<double>(bytes) - first_bytes) / rest;
-      const double sender_start = first - first_bytes / rate;
-      // At most halved: pieces that arrive in one burst (a token bucket's,
-      // or all at once after a nap of this rank) give no rate to trust.
-      if (sender_start > 0) seconds = std::max(seconds - sender_start, seconds / 2);
-    }
-  }
+  const double seconds =
+      from >= 0 ? ProbeFlowSeconds(bytes, std::min(piece, bytes), receives.size(), first,
+                                   SecondsSince(start))
+                : -1.0;
   for (Transport::Handle h : sends) leaders.Wait(h);
   return seconds;
 }
@@ -214,6 +205,34 @@ void KeepFaster(const ProbeRates& again, ProbeRates* rate) {
 }
 
 }  // namespace
+
+double ProbeFlowSeconds(size_t bytes, size_t first_bytes, size_t pieces, double first,
+                        double seconds) {
+  seconds = std::max(seconds, 1e-9);
+  const double rest = seconds - first;
+  if (pieces > 1 && rest > 0) {
+    const double rate = static_cast<double>(bytes - first_bytes) / rest;
+    const double sender_start = first - static_cast<double>(first_bytes) / rate;
+    // At most halved: pieces that arrive in one burst (a token bucket's,
+    // or all at once after a nap of this rank) give no rate to trust.
+    if (sender_start > 0) seconds = std::max(seconds - sender_start, seconds / 2);
+  }
+  // A message that arrived within kProbeShortestSeconds came in a burst
+  // or had arrived before its receiver started: either way its time is not
+  // its link's, and read as it is it would put one pair of a rack ten or
+  // a hundred times above another (see kProbeShortestSeconds).
+  return std::max(seconds, kProbeShortestSeconds);
+}
+
+size_t ProbeRoundBytes(const ProbeRound& round, size_t bytes) {
+  const int k = static_cast<int>(round.size());
+  bool next = k > 1, previous = k > 1;
+  for (int n = 0; n < k; ++n) {
+    next = next && round[n] == (n + 1) % k;
+    previous = previous && round[n] == (n + k - 1) % k;
+  }
+  return next || previous ? std::max(bytes, 2 * kProbeBytes) : bytes;
+}
 
 const char* VerdictName(ProbeVerdict::Kind kind) {
   return kind == ProbeVerdict::kRacks       ? "racks"
@@ -531,8 +550,13 @@ std::vector<double> RunPlan(Group& leaders, const std::vector<ProbeRound>& plan,
     for (int n = 0; n < k; ++n) {
       if (r[n] == me) source = n;
     }
-    const double seconds = Round(leaders, r[me], source, bytes, out, in);
-    if (source >= 0) from[source] = std::max(from[source], static_cast<double>(bytes) / seconds);
+    const size_t round_bytes = ProbeRoundBytes(r, bytes);
+    if (out.size() < round_bytes) out.assign(round_bytes, 1);
+    if (in.size() < round_bytes) in.resize(round_bytes);
+    const double seconds = Round(leaders, r[me], source, round_bytes, out, in);
+    if (source >= 0) {
+      from[source] = std::max(from[source], static_cast<double>(round_bytes) / seconds);
+    }
   }
   return from;
 }

@@ -65,6 +65,17 @@ constexpr double kProbeRoundSeconds = 0.02;
 // the first, which tells a sender that started late from a slow link
 // (Round in topology_probe.cc).
 constexpr size_t kProbePieces = 8;
+// The shortest time a receive is taken to last, a tenth of the sized
+// round: a rate faster than bytes / kProbeShortestSeconds is read as that
+// rate. A message inside a token bucket's burst (the test cluster's links
+// hold 256 KB), or one that arrived before its receiver left the round's
+// start, arrives in microseconds: read as it is, the pairs inside a rack
+// behind slow uplinks (2 x 8 nodes at 400 Mbit/s behind 100 Mbit/s:
+// 256 KiB messages on 50 MB/s links) measured from 80 to 3900 MB/s, and
+// half the fastest tenth, the bar that links a pair into a group, left
+// true pairs of a rack below it. A flow that a link or an uplink limits
+// in a sized round takes longer than this, so it is read as it was.
+constexpr double kProbeShortestSeconds = kProbeRoundSeconds / 10;
 // The re-measure of slow directions (step 2) runs only when the first
 // pass took less than this: behind slow uplinks a pass takes seconds, and
 // its verdict there is racks (confirmed cheaply) or unclear anyway.
@@ -146,6 +157,25 @@ ProbeVerdict JudgeProbe(int k, const MeasureRounds& measure,
                         const std::function<double()>& seconds_so_far,
                         ProbeRates* first_rates = nullptr);
 
+
+// The seconds a receive of `bytes` in `pieces` pieces is timed at: the
+// first piece (`first_bytes`) arrived `first` seconds after the round's
+// start, the last `seconds` after it. The pieces after the first give the
+// flow's rate, and the sender's start is estimated as the first piece's
+// arrival less one piece at that rate; the time is counted from there,
+// at most halved, and is at least kProbeShortestSeconds.
+double ProbeFlowSeconds(size_t bytes, size_t first_bytes, size_t pieces, double first,
+                        double seconds);
+
+// The bytes of a round of the plan, given the sized bytes: at least
+// 2 x kProbeBytes in the rounds at distance 1 and K-1 of the first pass.
+// With racks listed rack by rack, those are the rounds whose uplinks
+// carry one flow each, and a message inside an uplink's token-bucket
+// burst (the test cluster's hold 256 KB) crosses it at once: both
+// directions of the pair across then read as fast as the pairs within,
+// and the racks merge. Twice the burst leaves half the message at the
+// uplink's rate. Sized rounds of more bytes (one switch) are unchanged.
+size_t ProbeRoundBytes(const ProbeRound& round, size_t bytes);
 
 // The decision from measured rates, rate[from][to] in bytes per second
 // (the diagonal unused; pairs with a negative rate either way left out).

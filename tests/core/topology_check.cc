@@ -7,6 +7,7 @@
 // contiguous or interleaved in rank order, uneven, one switch, and the
 // unclear cases), the topology it makes, and the measurement on threads as
 // ranks, whose verdict every rank shares. Prints "<N> checks, <F> failures".
+#include <cmath>
 #include <functional>
 #include <map>
 #include <string>
@@ -538,6 +539,59 @@ void CheckProbeJudge() {
          "the confirmation rounds of groups of 2, 3 and 1");
 }
 
+// A receive's time (ProbeFlowSeconds), and the inflation it prevents:
+// at 2 x 8 nodes behind 100 Mbit/s uplinks, the 256 KiB messages inside
+// a rack arrive in one token-bucket burst, microseconds after whichever
+// of sender and receiver started last.
+void CheckProbeFlowSeconds() {
+  using K = ProbeVerdict::Kind;
+  const size_t bytes = 256 << 10, piece = bytes / kProbePieces;
+  const double b = static_cast<double>(bytes), p = static_cast<double>(piece);
+  auto near = [](double x, double y) { return std::abs(x - y) <= 1e-9 + 1e-6 * y; };
+  // A flow a link limits from the round's start: its time as it was.
+  Expect(near(ProbeFlowSeconds(bytes, piece, kProbePieces, p / 50e6, b / 50e6), b / 50e6),
+         "a flow at its link's rate from the start keeps its time");
+  // A sender 3 ms late on a 50 MB/s link: timed from the sender's start.
+  const double late = 0.003;
+  Expect(near(ProbeFlowSeconds(bytes, piece, kProbePieces, late + p / 50e6, late + b / 50e6),
+              b / 50e6),
+         "a late sender: timed from its start");
+  // A burst: every piece within 0.1 ms of the start, or of a late sender.
+  Expect(ProbeFlowSeconds(bytes, piece, kProbePieces, 0.00005, 0.0001) == kProbeShortestSeconds,
+         "a burst at the round's start: the shortest time");
+  Expect(near(ProbeFlowSeconds(bytes, piece, kProbePieces, 0.00605, 0.0061), 0.00305),
+         "a burst after a sender 6 ms late: at most halved");
+  // The rounds at distance 1 and K-1 send twice kProbeBytes, past a
+  // 256 KB burst; other rounds, and sized rounds of more, as sized.
+  const std::vector<ProbeRound> ring = RingRounds(16, {1, 2, 8, 15});
+  Expect(ProbeRoundBytes(ring[0], bytes) == 2 * kProbeBytes &&
+             ProbeRoundBytes(ring[3], bytes) == 2 * kProbeBytes &&
+             ProbeRoundBytes(ring[1], bytes) == bytes && ProbeRoundBytes(ring[2], bytes) == bytes &&
+             ProbeRoundBytes(ring[0], 4 * kProbeBytes) == 4 * kProbeBytes &&
+             ProbeRoundBytes(ConfirmationRounds({0, 0, 0, 0, 1, 1, 1, 1})[0], bytes) == bytes,
+         "the rounds at distance 1 and K-1 send past the burst");
+  // 2 x 8 at 400/100 Mbit/s, every flow inside a rack a burst after its
+  // sender's start, 0 to 0.4 ms late, and 4.5 ms late from nodes 3 and 12
+  // (they lost their cores); the flows across at their uplink's share.
+  ProbeRates timed = TwoRacks(8, 50e6, 12.5e6), raw = timed;
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 16; ++j) {
+      if (i == j || i / 8 != j / 8) continue;
+      const double skew = i == 3 || i == 12 ? 0.0045 : 0.0001 * ((7 * i + 3 * j) % 5);
+      timed[i][j] = b / ProbeFlowSeconds(bytes, piece, kProbePieces, skew + 0.00005, skew + 0.0001);
+      raw[i][j] = b / ((skew + 0.0001) / 2);  // the time halved, as before the shortest time
+    }
+  }
+  ProbeVerdict v = ClassifyProbeRates(raw);
+  Expect(v.kind != K::kRacks, std::string("bursts read as they are: not the racks (") +
+                                  VerdictName(v.kind) + ": " + v.reason + ")");
+  v = ClassifyProbeRates(timed);
+  std::vector<int> halves(16);
+  for (int n = 0; n < 16; ++n) halves[n] = n / 8;
+  Expect(v.kind == K::kRacks && v.group_of_node == halves,
+         "bursts at the shortest time: the racks " + v.reason);
+}
+
 // The measurement on threads as ranks: 4 nodes x 2 ranks, the nodes'
 // first ranks as leaders. The rates are whatever threads reach, so only
 // the agreement is checked: every rank holds rank 0's verdict, with a
@@ -566,6 +620,7 @@ int main() {
   CheckAgreement();
   CheckProbeVerdicts();
   CheckProbeJudge();
+  CheckProbeFlowSeconds();
   CheckProbeAgreement();
   return ddl_test::Summary();
 }
