@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "../common/util.h"
 #include "../transport/tags.h"
@@ -355,13 +356,14 @@ ProbeVerdict JudgeProbe(int k, const MeasureRounds& measure,
   // Step 2: the rounds that held a slow direction, once more, whole.
   if (v.kind == ProbeVerdict::kUnclear && seconds_so_far() < kProbePassSeconds) {
     const PairBars bars = BarsOf(rate);
-    std::vector<bool> again(k, false);  // by distance
-    int slow = 0;
+    // The directions below the bar, and by distance the rounds that held them.
+    std::vector<std::pair<int, int>> slow;
+    std::vector<bool> again(k, false);
     for (int i = 0; i < k; ++i) {
       for (int j = 0; j < k; ++j) {
         if (i != j && rate[i][j] >= 0 && rate[i][j] < bars.one_switch) {
+          slow.emplace_back(i, j);
           again[(j - i + k) % k] = true;
-          ++slow;
         }
       }
     }
@@ -374,15 +376,11 @@ ProbeVerdict JudgeProbe(int k, const MeasureRounds& measure,
       // Only the slow directions take the faster of two: the others keep
       // the first pass's, so the bars move no more than the slow pairs do.
       ProbeRates slow_only(k, std::vector<double>(k, -1.0));
-      for (int i = 0; i < k; ++i) {
-        for (int j = 0; j < k; ++j) {
-          if (i != j && rate[i][j] >= 0 && rate[i][j] < bars.one_switch) slow_only[i][j] = second[i][j];
-        }
-      }
+      for (const auto& [i, j] : slow) slow_only[i][j] = second[i][j];
       KeepFaster(slow_only, &rate);
       const ProbeVerdict before = v;
       v = ClassifyProbeRates(rate);
-      checks = std::to_string(slow) + " direction(s) below the one-switch bar measured again in " +
+      checks = std::to_string(slow.size()) + " direction(s) below the one-switch bar measured again in " +
                std::to_string(distances.size()) + " round(s), each keeping its faster: " +
                (v.kind == before.kind ? std::string("still ") : std::string("now ")) +
                VerdictName(v.kind);
