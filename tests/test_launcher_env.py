@@ -36,6 +36,9 @@ LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "HOROVOD_", "DD
     ({"PMI_SIZE": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}, None),
     ({"PMIX_RANK": "2"}, ("PMIX_RANK", 2)),
     ({"PMIX_RANK": "0"}, None),
+    # Task 0 of srun --mpi=pmix is refused with the others, by the step's count.
+    ({"PMIX_RANK": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4"},
+     ("SLURM_STEP_NUM_TASKS", 4)),
     ({"HOROVOD_SIZE": "3"}, ("HOROVOD_SIZE", 3)),
     # An srun step: its own task count first.
     ({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "8"},
@@ -52,6 +55,15 @@ LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "HOROVOD_", "DD
 def test_which_variable_is_believed(environ, expected):
     claim = launch_env.launcher_claim(environ)
     assert (claim and claim[:2]) == expected, claim
+
+
+def test_srun_with_pmix_names_pmix_not_a_missing_plugin():
+    with pytest.raises(launch_env.LauncherMismatchError) as err:
+        launch_env.check(1, "mpich", {"PMIX_RANK": "0", "SLURM_STEP_ID": "0",
+                                      "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0"})
+    text = str(err.value)
+    assert "did not join the PMIx job" in text and "--mpi=pmi2" in text, text
+    assert "without a PMI plugin" not in text, text
 
 
 def test_no_error_in_a_world_of_several():

@@ -96,16 +96,20 @@ def launcher_claim(environ=os.environ):
         if count is not None:
             return (name, count, who, why, fix) if count > 1 else None
     rank = _whole(environ, "PMIX_RANK")
-    if rank is not None:
-        return (_PMIX_RANK[0], rank) + _PMIX_RANK[1:] if rank > 0 else None
+    if rank is not None and rank > 0:
+        return (_PMIX_RANK[0], rank) + _PMIX_RANK[1:]
+    # PMIX_RANK=0 proves nothing by itself (rank 0 of one, or the first of
+    # several): the rules below decide, so task 0 is refused with the others.
     count = _whole(environ, "HOROVOD_SIZE")
     if count is not None:
         return (_HOROVOD[0], count) + _HOROVOD[1:] if count > 1 else None
     if "SLURM_STEP_ID" in environ:
+        # Under srun --mpi=pmix the tasks did get a PMI: say so, not "none".
+        why, fix = (_PMIX_RANK[2:] if rank is not None else _SLURM[2:])
         for name in _SLURM_COUNTS:
             count = _whole(environ, name)
             if count is not None:
-                return (name, count) + _SLURM[1:] if count > 1 else None
+                return (name, count, "srun", why, fix) if count > 1 else None
     return None
 
 
