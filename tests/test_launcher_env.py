@@ -70,6 +70,11 @@ def test_no_error_in_a_world_of_several():
     launch_env.check(4, "mpich", {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "8"})
 
 
+def test_bad_override_is_an_error_in_a_world_of_several_too():
+    with pytest.raises(ValueError, match="DDL_LAUNCHER_CHECK='2' is not a boolean"):
+        launch_env.check(4, "mpich", {"DDL_LAUNCHER_CHECK": "2"})
+
+
 def test_message_names_variable_value_task_and_fix():
     with pytest.raises(launch_env.LauncherMismatchError) as err:
         launch_env.check(1, "mpich 4.2", {"OMPI_COMM_WORLD_SIZE": "4",

@@ -145,7 +145,8 @@ def check(world_size, mpi_description, environ=os.environ):
             for the message's fix.
         environ: the environment to read.
     """
-    if world_size != 1 or not check_enabled(environ):
+    # A bad DDL_LAUNCHER_CHECK is an error whatever the world's size.
+    if not check_enabled(environ) or world_size != 1:
         return
     claim = launcher_claim(environ)
     if claim is None:
