@@ -5,7 +5,9 @@ tf.function (each call's input is the previous call's output), per call.
     mpiexec -n 2 python docs/scripts/small_calls.py [REPS]
 
 SIZES (bytes, default 4096) picks the sizes of the eager rows; the chain is
-always 4 KB. Each repetition releases the ranks together with a barrier,
+always 4 KB. ONLY=eager or ONLY=chain runs one kind alone (for counting a
+call's system calls with `perf stat -e syscalls:...` over two launches of
+different REPS). Each repetition releases the ranks together with a barrier,
 then times ours and MPICH's (mpi4py from numpy, the same bytes, and for the
 chain 20 Allreduce calls in a row, each on the previous result). Rank 0
 prints the medians in microseconds a call.
@@ -43,7 +45,8 @@ def report(label, ours, mpi, calls=1):
         print(f"{label:<14} ours {o:9.1f} us  mpi {m:9.1f} us  ours/mpi {o / m:6.2f}", flush=True)
 
 
-for nbytes in [int(v) for v in os.environ.get("SIZES", "4096").split(",")]:
+ONLY = os.environ.get("ONLY", "")
+for nbytes in [int(v) for v in os.environ.get("SIZES", "4096").split(",") if ONLY != "chain"]:
     x = tf.constant(np.ones(nbytes // 4, np.float32))
     x_np = np.ones(nbytes // 4, np.float32)
     out = np.empty_like(x_np)
@@ -70,12 +73,14 @@ def mpi_chain(a, b):
         a, b = b, a
 
 
+if ONLY == "eager":
+    sys.exit(0)
 x = tf.constant(np.ones(1024, np.float32))
 a, b = np.ones(1024, np.float32), np.empty(1024, np.float32)
 for _ in range(3):
     chain(x).numpy()
 ours, mpi = [], []
-for _ in range(max(10, reps // 10)):
+for _ in range(reps // 10 if ONLY else max(10, reps // 10)):
     ours.append(timed(lambda: chain(x).numpy()))
     mpi.append(timed(lambda: mpi_chain(a, b)))
 report("chain 4096", ours, mpi, CHAIN)

@@ -8,13 +8,16 @@
 //   rank the same bits as the general path (local ranks combined in rank
 //   order, one division for Average), for odd lengths, 2 and 3 ranks, Sum,
 //   Average and Max, interleaved with general calls on the same slots, and
-//   wrapping the slot ring many times; it allocates nothing either.
+//   wrapping the slot ring many times; it allocates nothing either;
+// - a wait's naps are sharp: its thread's timer slack is 1 us after the
+//   first nap (transport/wait.cc, SharpenNaps).
 //
 // Usage: small_call_check [--cost KIND CALLS]
 //   without arguments: the checks, then "<N> checks, <F> failures";
 //   --cost general|small CALLS: only CALLS 4 KB calls of one path on 2
 //   ranks, for `valgrind --tool=callgrind --toggle-collect=...` to count
 //   the instructions of a call (docs/performance-notes/2026-12-07-small-calls.md).
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +28,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "algorithms/node_allreduce.h"
 #include "check.h"
@@ -195,6 +199,22 @@ void SmallNamesAMissingRank() {
          "RunSmall's timeout names the missing rank: '" + message + "'");
 }
 
+// A wait's first nap sets its thread's timer slack to kNapSlackNs (from
+// Linux's default 50 us), so that a 20 us nap does not last 70.
+void NapsAreSharp() {
+  unsigned long before = 0, after = 0;
+  std::thread([&] {
+    before = static_cast<unsigned long>(prctl(PR_GET_TIMERSLACK));
+    Backoff backoff({0, 0, std::chrono::microseconds(20), std::chrono::microseconds(20)});
+    backoff.Pause();
+    after = static_cast<unsigned long>(prctl(PR_GET_TIMERSLACK));
+  }).join();
+  Expect(before != kNapSlackNs, "a fresh thread starts with another slack: " +
+                                    std::to_string(before));
+  Expect(after == kNapSlackNs, "after a nap its slack is " + std::to_string(kNapSlackNs) +
+                                   " ns: " + std::to_string(after));
+}
+
 // Only `calls` 4 KB calls of one path, for callgrind.
 int Cost(bool small, int calls) {
   InProcessGroup node(2, 1 << 20);
@@ -230,5 +250,6 @@ int main(int argc, char** argv) {
     }
   }
   SmallNamesAMissingRank();
+  NapsAreSharp();
   return ddl_test::Summary();
 }
