@@ -69,20 +69,30 @@ float Combine(ReduceOp op, float a, float b) {
   return a + b;
 }
 
+// Runs body(rank, allreduce) on each of `ranks` threads, every one with
+// its NodeAllreduce over one fresh arena of 3 slots of `slot_bytes`.
+template <typename Body>
+void OnNode(int ranks, size_t slot_bytes, double timeout_s, Body body) {
+  InProcessGroup node(ranks, 1 << 20);
+  const std::string token = Token();
+  node.Run([&](int r) {
+    InProcessRank plane(node, r);
+    auto arena = ShmArena::Create(plane, token, slot_bytes, 3);
+    arena->SetPeerTimeout(timeout_s);
+    TrafficCounters traffic;
+    NodeAllreduce allreduce(*arena, nullptr, ranks, traffic);
+    body(r, allreduce);
+    plane.AllgatherInt64(0);  // no arena goes before every rank is done with it
+  });
+}
+
 // Steady calls of 4 KB allocate nothing, on every rank, on either path.
 void SteadyCallsAllocateNothing() {
   for (bool small : {false, true}) {
     constexpr int kRanks = 2, kWarmUp = 5, kCalls = 200;
-    InProcessGroup node(kRanks, 1 << 20);
-    const std::string token = Token();
     std::vector<long> counted(kRanks, -1);
     std::vector<float> seen(kRanks, 0);
-    node.Run([&](int r) {
-      InProcessRank plane(node, r);
-      auto arena = ShmArena::Create(plane, token, 64 << 10, 3);
-      arena->SetPeerTimeout(10);
-      TrafficCounters traffic;
-      NodeAllreduce allreduce(*arena, nullptr, kRanks, traffic);
+    OnNode(kRanks, 64 << 10, 10, [&](int r, NodeAllreduce& allreduce) {
       std::vector<float> in(1024, static_cast<float>(r + 1)), out(1024, 0);
       const std::vector<Span> spans = {{in.data(), out.data(), 1024}};
       auto call = [&] {
@@ -124,17 +134,10 @@ void SmallMatchesTheGeneralOrder(int ranks, ReduceOp op) {
       mine.push_back(v);
     }
   }
-  InProcessGroup node(ranks, 1 << 20);
-  const std::string token = Token();
   // out[round][r][t], from RunSmall in even rounds and Run in odd ones.
   std::vector<std::vector<std::vector<std::vector<float>>>> out(
       kRounds, std::vector<std::vector<std::vector<float>>>(ranks));
-  node.Run([&](int r) {
-    InProcessRank plane(node, r);
-    auto arena = ShmArena::Create(plane, token, 32 << 10, 3);
-    arena->SetPeerTimeout(10);
-    TrafficCounters traffic;
-    NodeAllreduce allreduce(*arena, nullptr, ranks, traffic);
+  OnNode(ranks, 32 << 10, 10, [&](int r, NodeAllreduce& allreduce) {
     for (int round = 0; round < kRounds; ++round) {
       auto& mine = out[round][r];
       std::vector<Span> spans;
@@ -176,24 +179,15 @@ void SmallMatchesTheGeneralOrder(int ranks, ReduceOp op) {
 // A rank that never comes: RunSmall's wait ends in the arena's peer
 // timeout naming it, as the general path's does.
 void SmallNamesAMissingRank() {
-  InProcessGroup node(2, 1 << 20);
-  const std::string token = Token();
   std::string message;
-  node.Run([&](int r) {
-    InProcessRank plane(node, r);
-    auto arena = ShmArena::Create(plane, token, 4096, 3);
-    arena->SetPeerTimeout(0.2);
-    TrafficCounters traffic;
-    NodeAllreduce allreduce(*arena, nullptr, 2, traffic);
-    if (r == 0) {
-      std::vector<float> in(8, 1), out(8);
-      try {
-        allreduce.RunSmall({{in.data(), out.data(), 8}}, DataType::kFloat32, ReduceOp::kSum);
-      } catch (const PeerTimeout& e) {
-        message = e.what();
-      }
+  OnNode(2, 4096, 0.2, [&](int r, NodeAllreduce& allreduce) {
+    if (r != 0) return;
+    std::vector<float> in(8, 1), out(8);
+    try {
+      allreduce.RunSmall({{in.data(), out.data(), 8}}, DataType::kFloat32, ReduceOp::kSum);
+    } catch (const PeerTimeout& e) {
+      message = e.what();
     }
-    plane.AllgatherInt64(0);  // rank 1's arena lives until rank 0 is done
   });
   Expect(message.find("rank 1") != std::string::npos,
          "RunSmall's timeout names the missing rank: '" + message + "'");
@@ -217,13 +211,7 @@ void NapsAreSharp() {
 
 // Only `calls` 4 KB calls of one path, for callgrind.
 int Cost(bool small, int calls) {
-  InProcessGroup node(2, 1 << 20);
-  const std::string token = Token();
-  node.Run([&](int r) {
-    InProcessRank plane(node, r);
-    auto arena = ShmArena::Create(plane, token, 64 << 10, 3);
-    TrafficCounters traffic;
-    NodeAllreduce allreduce(*arena, nullptr, 2, traffic);
+  OnNode(2, 64 << 10, 0, [&](int, NodeAllreduce& allreduce) {
     std::vector<float> in(1024, 1), out(1024);
     const std::vector<Span> spans = {{in.data(), out.data(), 1024}};
     for (int i = 0; i < calls; ++i) {
