@@ -173,8 +173,9 @@ def test_topology_detection_and_agreement_on_threads_as_ranks(tmp_path):
     rank gets the same error naming the ranks and what each saw; the
     probe's verdict from given rates (racks, one switch, unclear), the
     topology it makes, and every rank holding rank 0's verdict."""
-    proc = build_and_run("topology_check.cc", ["engine/topology.cc", "engine/topology_probe.cc",
-                                               "common/types.cc"], tmp_path)
+    proc = build_and_run("topology_check.cc", ["topology/topology.cc",
+                                               "topology/topology_probe.cc", "common/types.cc"],
+                         tmp_path)
     assert_no_failures(proc)
 
 

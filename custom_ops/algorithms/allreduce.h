@@ -18,7 +18,7 @@
 namespace ddl {
 
 // Which algorithm a job's network step runs, when someone (the autotuner,
-// engine/autotune.h) has chosen for it instead of the size rule. The flat
+// tuning/autotune.h) has chosen for it instead of the size rule. The flat
 // world and the cross-node step take kDirectExchange, kPairwiseRing and
 // kChain; the rack grid (rack_allreduce.h) kRackExchange to
 // kRackPipelineSizedFp16Up. A choice that does not belong to the step

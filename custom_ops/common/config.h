@@ -44,7 +44,7 @@ struct Config {
   EnginePriority engine_priority = EnginePriority::kAuto;  // DDL_ENGINE_PRIORITY
   // DDL_AUTOTUNE=1: time the network step's candidates on the first
   // allreduce batches and keep the fastest per size class, then the
-  // fusion threshold and cycle time (engine/autotune.h);
+  // fusion threshold and cycle time (tuning/autotune.h);
   // DDL_AUTOTUNE_STEPS batches per candidate and class, and windows per
   // setting; DDL_AUTOTUNE_CYCLES cycles per window; DDL_AUTOTUNE_FILE:
   // where rank 0 saves the table and finds it again on the next run.

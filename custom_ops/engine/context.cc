@@ -1,6 +1,6 @@
 #include "context.h"
 
-#include "topology_probe.h"
+#include "../topology/topology_probe.h"
 
 #include "../common/util.h"
 

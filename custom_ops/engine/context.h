@@ -12,10 +12,10 @@
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
 #include "../common/config.h"
-#include "fault_report.h"
-#include "liveness.h"
+#include "../health/fault_report.h"
+#include "../health/liveness.h"
 #include "timeline.h"
-#include "topology.h"
+#include "../topology/topology.h"
 #include "../common/types.h"
 
 namespace ddl {

@@ -10,7 +10,7 @@
 
 #include "../algorithms/node_allreduce.h"
 #include "../algorithms/shared_output_allreduce.h"
-#include "autotune.h"
+#include "../tuning/autotune.h"
 #include "context.h"
 #include "work.h"
 
