@@ -19,7 +19,8 @@ CORE_TESTS = os.path.join(REPO, "tests", "core")
 NEGOTIATION = ["negotiation/controller.cc", "negotiation/coordinator.cc",
                "negotiation/message.cc", "negotiation/response_cache.cc"]
 ALGORITHMS = ["algorithms/allreduce.cc", "algorithms/chain_allreduce.cc", "algorithms/pairwise.cc",
-              "algorithms/ring.cc", "common/reduce_kernels.cc", "common/types.cc"]
+              "algorithms/ring.cc", "topology/choose_allreduce.cc", "common/reduce_kernels.cc",
+              "common/types.cc"]
 
 
 WAIT = "transport/wait.cc"

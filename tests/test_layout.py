@@ -195,6 +195,11 @@ def test_no_cpp_folder_holds_more_than_a_third_of_the_core():
     assert {f: n for f, n in lines.items() if 3 * n > total} == {}, (total, lines)
 
 
+# The network's system headers: every byte the core moves goes through transport/.
+SOCKET_HEADERS = {"sys/socket.h", "poll.h", "netinet/in.h", "netinet/tcp.h", "linux/tcp.h",
+                  "arpa/inet.h", "ifaddrs.h", "netdb.h"}
+
+
 def test_cpp_mpi_tensorflow_and_the_bindings_stay_in_their_files():
     wrong = []
     for folder, path, header in cpp_includes():
@@ -208,7 +213,22 @@ def test_cpp_mpi_tensorflow_and_the_bindings_stay_in_their_files():
                          "engine/runtime.h")
         if header.startswith("../../"):
             wrong.append(f"{path} includes {header}, outside custom_ops")
+        if header in SOCKET_HEADERS and folder != "transport":
+            wrong.append(f"{path} includes {header}: sockets are transport/'s "
+                         "(probe_socket.h, socket_bytes.h)")
     assert wrong == []
+
+
+def test_the_bindings_door_shows_no_engine():
+    """The bindings' one engine header, engine/runtime.h, includes no other
+    header of the core but work.h (the collective a binding hands in) and
+    what that includes: no engine.h, context.h or the layers under them."""
+    found = [header for folder, path, header in cpp_includes()
+             if path == "engine/runtime.h" and not re.match(r"^[a-z_]+$", header)]
+    assert found == ["work.h"]
+    work = [header for folder, path, header in cpp_includes()
+            if path == "engine/work.h" and header.endswith(".h")]
+    assert set(work) <= {"../common/types.h", "../negotiation/message.h"}, work
 
 
 def documented_import_paths():
