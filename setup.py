@@ -39,6 +39,9 @@ CORE_SOURCES = sorted(
     + glob.glob(os.path.join(OPS_DIR, "transport", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "algorithms", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "negotiation", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "topology", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "health", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "tuning", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "engine", "*.cc"))
     + [os.path.join(OPS_DIR, "bindings", "c_api.cc")])
 TF_SOURCES = [os.path.join(OPS_DIR, "bindings", "tf_ops.cc")]
