@@ -147,7 +147,7 @@ class BuildCustomOps(build_ext):
     def copy_extensions_to_source(self):
         # Editable installs (pip install -e .): the libraries go next to the
         # package's sources, which is where Python then imports them from.
-        package_dir = os.path.join(HERE, "keras_ddl")
+        package_dir = os.path.join(HERE, "src", "keras_ddl")
         for path in getattr(self, "_ddl_outputs", []):
             if os.path.dirname(os.path.abspath(path)) != package_dir:
                 shutil.copy2(path, package_dir)
@@ -160,8 +160,11 @@ setup(
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
-                                    "keras_ddl_tools.*"]),
+    # The src layout: the repository root is not an importable copy of the
+    # package, so tests and tools always import the installed one.
+    package_dir={"": "src"},
+    packages=find_packages(where="src", include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
+                                                 "keras_ddl_tools.*"]),
     py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
     # The sources are compiled by BuildCustomOps; listed as dependencies so
     # a rebuild (pip install -e ., setup.py build_ext) sees what changed.

@@ -219,7 +219,7 @@ def test_the_pool_follows_the_discovery_script(tmp_path):
 def load_progress_module():
     """A fresh copy of keras_ddl/common/launcher_progress.py."""
     spec = importlib.util.spec_from_file_location(
-        "progress_copy", os.path.join(REPO, "keras_ddl", "common", "launcher_progress.py"))
+        "progress_copy", os.path.join(REPO, "src", "keras_ddl", "common", "launcher_progress.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -301,7 +301,7 @@ def _build_products():
     has none of them."""
     with open(os.path.join(REPO, "setup.py")) as f:
         names = set(re.findall(r'"([\w.]+\.(?:json|so|def))"', f.read()))
-    return {f"keras_ddl/{n}" for n in names}
+    return {f"src/keras_ddl/{n}" for n in names}
 
 
 @pytest.mark.parametrize("rel", _pages())
@@ -507,7 +507,7 @@ def test_multinode_names_every_prefix_ddlrun_forwards():
     """multinode.md's list of the variables ddlrun exports under Open MPI is
     ddlrun's own. Failed on a26b009: the page left out HOROVOD_."""
     import ast
-    tree = ast.parse(_read("keras_ddl/runner/ddlrun.py"))
+    tree = ast.parse(_read("src/keras_ddl/runner/ddlrun.py"))
     prefixes = next(ast.literal_eval(node.value) for node in ast.walk(tree)
                     if isinstance(node, ast.Assign)
                     and any(getattr(t, "id", None) == "OPENMPI_EXPORT_PREFIXES"

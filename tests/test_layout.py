@@ -13,17 +13,18 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE = os.path.join(REPO, "keras_ddl")
+SRC = os.path.join(REPO, "src")
+PACKAGE = os.path.join(SRC, "keras_ddl")
 OPS = os.path.join(REPO, "custom_ops")
 
 
 def module_name(path):
-    rel = os.path.relpath(path, REPO)[:-3].split(os.sep)
+    rel = os.path.relpath(path, SRC)[:-3].split(os.sep)
     return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
 
 
 def python_modules(top):
-    return {module_name(p): p for p in glob.glob(os.path.join(REPO, top, "**", "*.py"),
+    return {module_name(p): p for p in glob.glob(os.path.join(SRC, top, "**", "*.py"),
                                                   recursive=True)}
 
 
@@ -109,7 +110,7 @@ def test_no_import_cycle():
 def test_every_folder_says_what_lives_there():
     missing = []
     for init in glob.glob(os.path.join(PACKAGE, "**", "__init__.py"), recursive=True) + \
-            glob.glob(os.path.join(REPO, "keras_ddl_tools", "**", "__init__.py"), recursive=True):
+            glob.glob(os.path.join(SRC, "keras_ddl_tools", "**", "__init__.py"), recursive=True):
         doc = ast.get_docstring(ast.parse(open(init).read()))
         if not doc or len(doc.split()) < 8:
             missing.append(os.path.relpath(init, REPO))

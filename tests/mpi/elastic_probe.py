@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 spec = importlib.util.spec_from_file_location(
-    "launcher_progress", os.path.join(REPO, "keras_ddl", "common", "launcher_progress.py"))
+    "launcher_progress", os.path.join(REPO, "src", "keras_ddl", "common", "launcher_progress.py"))
 progress = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(progress)
 

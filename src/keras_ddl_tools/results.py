@@ -31,7 +31,9 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .checkout import repository
+
+REPO = repository()
 RESULTS_DIR = os.path.join(REPO, "docs", "results")
 FORMAT = 1
 # Fields every results file must have (checked by tests/test_docs.py).

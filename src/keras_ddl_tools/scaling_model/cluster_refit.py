@@ -7,6 +7,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from ..checkout import repository
 from ..rates import parse_rate
 from .allreduce import pairwise_ring_cross
 from .links import MS, Link
@@ -14,20 +15,8 @@ from .racks import three_level
 
 REFIT_PATTERNS = ("cluster_*.json", "racks_*.json")
 _OBSERVATIONS_IN_REPO = os.path.join("docs", "model_data", "cluster_observations.json")
-
-
-def _repository():
-    """The checkout this file is in (keras_ddl_tools/scaling_model/
-    cluster_refit.py), else, for an installed copy, the current directory
-    when it is a checkout (the suite and the docs' commands run from one)."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for where in (here, os.getcwd()):
-        if os.path.exists(os.path.join(where, _OBSERVATIONS_IN_REPO)):
-            return where
-    return here
-
-
-_REPO = _repository()
+# The checkout (an installed copy reads the one the command runs in).
+_REPO = repository()
 OBSERVATIONS = os.path.join(_REPO, _OBSERVATIONS_IN_REPO)
 RESULTS_DIR = os.path.join(_REPO, "docs", "results")
 # Sizes the refit takes: up to 16 KB (below the test cluster's 256 KB token
