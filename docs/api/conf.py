@@ -1,6 +1,6 @@
 """Sphinx configuration of keras_ddl's API reference (docs/api/).
 
-Build it from the repository root (tests/test_api_reference.py does, with
+Build it from the repository root (tests/docs/test_api_reference.py does, with
 warnings as errors):
 
     python -m sphinx -W --keep-going -b html docs/api build/api

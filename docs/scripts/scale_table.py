@@ -9,7 +9,7 @@ and the slowest rank). The runs are merged into docs/results/NAME.json, and
     python docs/scripts/scale_table.py [--runs 3] [--calls 7] [--name scale_harness] \
         --conditions "nothing else running; ..."
 
-Needs a C++ compiler (as tests/test_core.py does); run it alone on the
+Needs a C++ compiler (as tests/core/test_core.py does); run it alone on the
 machine, the figures are times.
 """
 
@@ -29,7 +29,7 @@ ROW = re.compile(r"^table ranks=(\d+) shape=(\S+) calls=(\d+) call_ms\(median,mi
 
 
 def build(directory):
-    """scale_check, compiled as tests/test_core.py compiles it."""
+    """scale_check, compiled as tests/core/test_core.py compiles it."""
     sys.path.insert(0, os.path.join(REPO, "tests"))
     import test_core
     test_core._objects = test_core.CoreObjects(directory)

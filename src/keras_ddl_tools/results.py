@@ -36,7 +36,7 @@ from .checkout import repository
 REPO = repository()
 RESULTS_DIR = os.path.join(REPO, "docs", "results")
 FORMAT = 1
-# Fields every results file must have (checked by tests/test_docs.py).
+# Fields every results file must have (checked by tests/docs/test_docs.py).
 REQUIRED = ("format", "name", "benchmark", "command", "conditions", "dates", "commits",
             "machine", "launches", "tables")
 REQUIRED_META = ("date", "commit", "command", "machine")

@@ -1,0 +1,226 @@
+"""The package's layering, read from the sources (no import of TensorFlow
+except in the last test): which folder may import or include which, no
+import cycle, the runtime never importing the tools, every folder saying
+what lives there, and every import path the docs use resolving."""
+
+import ast
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SRC = os.path.join(REPO, "src")
+PACKAGE = os.path.join(SRC, "keras_ddl")
+OPS = os.path.join(REPO, "custom_ops")
+
+
+def module_name(path):
+    rel = os.path.relpath(path, SRC)[:-3].split(os.sep)
+    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+
+
+def python_modules(top):
+    return {module_name(p): p for p in glob.glob(os.path.join(SRC, top, "**", "*.py"),
+                                                  recursive=True)}
+
+
+def imports_of(path, name):
+    """Every keras_ddl* module `path` imports, at any depth of its code."""
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module
+            found.add(stem)
+            found.update(f"{stem}.{a.name}" for a in node.names)
+    return {m for m in found if m.split(".")[0] in ("keras_ddl", "keras_ddl_tools")}
+
+
+def graph():
+    modules = {**python_modules("keras_ddl"), **python_modules("keras_ddl_tools")}
+    return {name: {m for m in imports_of(path, name) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def layer(module):
+    parts = module.split(".")
+    return parts[1] if parts[0] == "keras_ddl" and len(parts) > 1 else parts[0]
+
+
+# layer -> the layers of keras_ddl it must not import (anything else is fine)
+FORBIDDEN = {
+    "common": {"tensorflow", "keras", "horovod", "runner"},
+    "tensorflow": {"keras", "horovod", "runner"},
+    "keras": {"horovod", "runner"},
+    "runner": {"tensorflow", "keras", "horovod"},
+}
+
+
+def test_python_layers_import_only_downwards():
+    wrong = [f"{m} imports {dep}" for m, deps in graph().items() for dep in deps
+             if dep.startswith("keras_ddl.") and layer(dep) in FORBIDDEN.get(layer(m), ())]
+    assert wrong == []
+
+
+def test_the_runtime_never_imports_the_tools():
+    # keras_ddl.bench and keras_ddl.cluster are the tools' commands under
+    # their documented names, nothing else.
+    commands = ("keras_ddl.bench", "keras_ddl.cluster", "keras_ddl._tool_help")
+    wrong = [f"{m} imports {dep}" for m, deps in graph().items() if m.startswith("keras_ddl.")
+             or m == "keras_ddl" for dep in deps
+             if dep.startswith("keras_ddl_tools") and not m.startswith(commands)]
+    assert wrong == []
+
+
+def test_no_import_cycle():
+    edges = graph()
+    # A package imports its own submodules by definition; a cycle through
+    # one's __init__ still counts when a submodule imports the package back.
+    seen, on_stack, cycles = set(), [], []
+
+    def visit(m):
+        if m in on_stack:
+            cycles.append(on_stack[on_stack.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        on_stack.append(m)
+        for dep in sorted(edges[m]):
+            if not m.startswith(dep + "."):   # a submodule naming its parent package
+                visit(dep)
+        on_stack.pop()
+
+    for m in sorted(edges):
+        visit(m)
+    assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_folder_says_what_lives_there():
+    missing = []
+    for init in glob.glob(os.path.join(PACKAGE, "**", "__init__.py"), recursive=True) + \
+            glob.glob(os.path.join(SRC, "keras_ddl_tools", "**", "__init__.py"), recursive=True):
+        doc = ast.get_docstring(ast.parse(open(init).read()))
+        if not doc or len(doc.split()) < 8:
+            missing.append(os.path.relpath(init, REPO))
+    for folder in [OPS] + sorted(glob.glob(os.path.join(OPS, "*", ""))):
+        readme = os.path.join(folder, "README.md")
+        if not os.path.exists(readme) or len(open(readme).read().split()) < 20:
+            missing.append(os.path.relpath(readme, REPO))
+    assert missing == []
+
+
+# C++: the folders from the top layer down; each may include only itself and
+# the folders after it (custom_ops/README.md).
+CPP_LAYERS = ["bindings", "engine", "negotiation", "algorithms", "transport", "common"]
+
+
+def cpp_includes():
+    for path in glob.glob(os.path.join(OPS, "*", "*.*")):
+        if not path.endswith((".cc", ".h")):
+            continue
+        folder = os.path.basename(os.path.dirname(path))
+        for line in open(path):
+            m = re.match(r'\s*#include\s+[<"]([^">]+)[">]', line)
+            if m:
+                yield folder, os.path.relpath(path, OPS), m.group(1)
+
+
+def test_cpp_layers_include_only_downwards():
+    wrong = []
+    for folder, path, header in cpp_includes():
+        target = os.path.normpath(os.path.join(folder, header)).split(os.sep)[0]
+        if target in CPP_LAYERS and \
+                CPP_LAYERS.index(target) < CPP_LAYERS.index(folder):
+            wrong.append(f"{path} includes {header}")
+    assert wrong == []
+
+
+def test_cpp_mpi_tensorflow_and_the_bindings_stay_in_their_files():
+    wrong = []
+    for folder, path, header in cpp_includes():
+        if header == "mpi.h" and not re.match(r"transport/mpi_\w+\.(cc|h)$", path):
+            wrong.append(f"{path} includes mpi.h")
+        if header.startswith("tensorflow/") and path != "bindings/tf_ops.cc":
+            wrong.append(f"{path} includes {header}")
+        if folder == "bindings" and header.startswith("../") and \
+                header not in ("../engine/runtime.h", "../common/reduce_kernels.h"):
+            wrong.append(f"{path} includes {header}: the bindings reach the core through "
+                         "engine/runtime.h")
+        if header.startswith("../../"):
+            wrong.append(f"{path} includes {header}, outside custom_ops")
+    assert wrong == []
+
+
+def documented_import_paths():
+    """Module paths and names the README, docs/ and examples/ import."""
+    paths = set()
+    files = [os.path.join(REPO, "README.md")] + glob.glob(os.path.join(REPO, "docs", "*.md")) + \
+        glob.glob(os.path.join(REPO, "docs", "*", "*.md")) + \
+        glob.glob(os.path.join(REPO, "examples", "*.py"))
+    for path in files:
+        if "performance-notes" in path:
+            continue
+        text = open(path).read()
+        for m in re.finditer(r"^\s*(?:>>> )?from (keras_ddl[\w.]*) import \(?([\w, ]+)", text,
+                             re.M):
+            paths.update(f"{m.group(1)}:{n.strip().split(' as ')[0]}"
+                         for n in m.group(2).split(",") if n.strip())
+        for m in re.finditer(r"^\s*(?:>>> )?import (keras_ddl[\w.]*)", text, re.M):
+            paths.add(m.group(1))
+        for m in re.finditer(r"(?<![\w.])(?:ddl|keras_ddl)\.([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*)",
+                             text):
+            dotted = m.group(1)
+            if dotted.split(".")[0] not in ("bench", "cluster"):   # commands, run below
+                paths.add("keras_ddl." + dotted.rstrip("."))
+    return sorted(paths)
+
+
+def test_every_import_path_the_docs_use_resolves():
+    paths = documented_import_paths()
+    assert len(paths) > 50, paths   # the scan found the docs' names
+    script = (
+        "import importlib, sys\n"
+        "import keras_ddl\n"
+        "bad = []\n"
+        "for p in sys.argv[1:]:\n"
+        "    module, _, name = p.partition(':')\n"
+        "    try:\n"
+        "        if name:\n"
+        "            getattr(importlib.import_module(module), name)\n"
+        "            continue\n"
+        "        try:\n"
+        "            importlib.import_module(module)\n"
+        "        except ImportError:\n"
+        "            parent, _, attr = module.rpartition('.')\n"
+        "            obj = importlib.import_module('keras_ddl')\n"
+        "            for part in module.split('.')[1:]:\n"
+        "                obj = getattr(obj, part)\n"
+        "    except Exception as e:\n"
+        "        bad.append(f'{p}: {type(e).__name__}: {e}')\n"
+        "print('\\n'.join(bad))\n"
+        "sys.exit(1 if bad else 0)\n")
+    proc = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True,
+                          text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("command", ["keras_ddl.bench", "keras_ddl.cluster",
+                                     "keras_ddl_tools.bench", "keras_ddl_tools.cluster"])
+def test_documented_commands_answer(command):
+    proc = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: python -m keras_ddl."), proc.stdout[:200]
