@@ -163,9 +163,10 @@ setup(
     # The src layout: the repository root is not an importable copy of the
     # package, so tests and tools always import the installed one.
     package_dir={"": "src"},
+    # keras_ddl_launcher is ddlrun: a package of its own, so that starting
+    # it imports no TensorFlow (keras_ddl's __init__ does).
     packages=find_packages(where="src", include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
-                                                 "keras_ddl_tools.*"]),
-    py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
+                                                 "keras_ddl_tools.*", "keras_ddl_launcher"]),
     # The sources are compiled by BuildCustomOps; listed as dependencies so
     # a rebuild (pip install -e ., setup.py build_ext) sees what changed.
     ext_modules=[Extension("keras_ddl.ddl_tf_ops", sources=[],
@@ -176,6 +177,6 @@ setup(
     # listing one distribution would pull it in beside another.
     install_requires=["keras>=3.0", "mpi4py>=4.0", "numpy"],
     extras_require={"mpich": ["mpich"], "test": ["pytest"], "study": ["matplotlib"]},
-    entry_points={"console_scripts": ["ddlrun = keras_ddl_launcher:main"]},
+    entry_points={"console_scripts": ["ddlrun = keras_ddl_launcher.ddlrun:main"]},
     zip_safe=False,
 )

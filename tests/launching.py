@@ -224,7 +224,7 @@ class Launcher:
                             cwd=cwd)
 
     def ddlrun(self, nprocs, script, *args, options=(), env=None, timeout=300, cwd=TESTS_DIR,
-               module="keras_ddl.runner.ddlrun"):
+               module="keras_ddl_launcher.ddlrun"):
         """``ddlrun -np nprocs options python script args`` (``module``: the
         runner's module, or ``keras_ddl_launcher``, the console script's).
         The result's ``ended`` is when ddlrun returned (time.time())."""

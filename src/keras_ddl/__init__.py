@@ -9,7 +9,6 @@ without a launcher is a world of size 1.
 """
 
 import os as _os
-import sys as _sys
 
 # TensorFlow's default CPU allocator returns large buffers to the OS, so
 # every step's gradient and allreduce outputs are fresh pages to fault in
@@ -17,55 +16,6 @@ import sys as _sys
 # TensorFlow makes its first CPU tensor, so set it early. Opt out with
 # TF_CPU_ALLOCATOR_USE_BFC=false.
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-
-# `python -m keras_ddl.bench --help` answers here, before TensorFlow loads.
-from ._tool_help import answer_help_without_tensorflow as _answer_help  # noqa: E402
-
-_answer_help()
-
-
-def _installed_copy_if_unbuilt():
-    """The directory of an installed, built keras_ddl when this one has no
-    compiled libraries, else None.
-
-    Python puts the current directory first on ``sys.path``, so ``python -m
-    keras_ddl.bench`` or ``python -c "import keras_ddl"`` run from the
-    repository root import the source tree, which has no libraries unless
-    it was built in place (``python setup.py build_ext --inplace``). The
-    package then takes its submodules, and their libraries, from the copy
-    ``pip install .`` put in site-packages.
-    """
-    import sys
-    from importlib.machinery import PathFinder
-
-    here = _os.path.dirname(_os.path.abspath(__file__))
-    if _os.path.exists(_os.path.join(here, "build_info.json")):
-        return None
-    parent = _os.path.dirname(here)
-    entries = [e for e in sys.path if _os.path.abspath(e or ".") != parent]
-    candidates = [PathFinder.find_spec(__name__, entries)]
-    for finder in sys.meta_path:  # editable installs register a finder here
-        if finder is not PathFinder and hasattr(finder, "find_spec"):
-            try:
-                candidates.append(finder.find_spec(__name__, None))
-            except Exception:  # a third-party finder; it does not know us
-                pass
-    for spec in candidates:
-        for location in (spec and spec.submodule_search_locations) or ():
-            if (_os.path.abspath(location) != here
-                    and _os.path.exists(_os.path.join(location, "build_info.json"))):
-                return _os.path.abspath(location)
-    return None
-
-
-_installed = _installed_copy_if_unbuilt()
-if _installed is not None:
-    import warnings as _warnings
-
-    __path__[:] = [_installed]
-    _warnings.warn(f"keras_ddl: {_os.path.dirname(_os.path.abspath(__file__))} (the source "
-                   f"tree) has no compiled libraries; using the installed keras_ddl at "
-                   f"{_installed}", RuntimeWarning, stacklevel=2)
 
 from .common.basics import (allreduce_algorithm, cross_rank, cross_size, init,  # noqa: E402
                             is_initialized, local_rank, local_size, rank, shutdown, size,
@@ -88,21 +38,12 @@ from .keras.distributed_optimizer import (DistributedGradientTape,  # noqa: E402
                                           PartialDistributedGradientTape,
                                           PartialDistributedOptimizer)
 from .keras.sync_batch_norm import SyncBatchNormalization  # noqa: E402
-from .keras import callbacks, data, optimizers, schedules  # noqa: E402
-from .keras.optimizers import lars as _lars  # noqa: E402
-from . import tensorflow as _tensorflow_layer  # noqa: E402
-
-# Public module paths whose code lives in a layer's folder: keras_ddl.callbacks
-# is keras_ddl.keras.callbacks, and so on. They are registered as the same
-# module objects, so `import keras_ddl.callbacks` and `from
-# keras_ddl.optimizers import LARS` keep working, and so does a model saved
-# with a module path of the flat layout (keras_ddl.optimizers.lars).
-# keras_ddl.ops is the older name of keras_ddl.tensorflow.
-_MODULE_ALIASES = {"callbacks": callbacks, "data": data, "optimizers": optimizers,
-                   "optimizers.lars": _lars, "schedules": schedules, "ops": _tensorflow_layer}
-for _alias, _module in _MODULE_ALIASES.items():
-    _sys.modules.setdefault(f"{__name__}.{_alias}", _module)
-ops = _tensorflow_layer
+# Public module paths whose code lives in a layer's folder: keras_ddl.callbacks,
+# .data, .optimizers (and .optimizers.lars, the path of models saved before
+# the split), .schedules; keras_ddl.ops is the older name of
+# keras_ddl.tensorflow. Each is a module of its own that re-exports its
+# layer's objects.
+from . import callbacks, data, ops, optimizers, schedules  # noqa: E402
 
 # DDLStrategy uses private TensorFlow APIs and checks the TensorFlow version
 # when loaded, so it is imported on first use.

@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The runtime (its Python package with ddlrun and the Horovod front door,
 # and the C++ core) and the test cluster's runner, which the README tells
 # users to try. The other tools (benchmarks, scaling model) are not.
-PYTHON_DIRS = ("src/keras_ddl", "src/keras_ddl_tools/cluster")
+PYTHON_DIRS = ("src/keras_ddl", "src/keras_ddl_launcher", "src/keras_ddl_tools/cluster")
 CPP_DIRS = ("custom_ops",)
 HOLE = "…"
 WORD = re.compile(r"[A-Za-z][A-Za-z_'-]*[A-Za-z]")

@@ -507,7 +507,7 @@ def test_multinode_names_every_prefix_ddlrun_forwards():
     """multinode.md's list of the variables ddlrun exports under Open MPI is
     ddlrun's own. Failed on a26b009: the page left out HOROVOD_."""
     import ast
-    tree = ast.parse(_read("src/keras_ddl/runner/ddlrun.py"))
+    tree = ast.parse(_read("src/keras_ddl_launcher/ddlrun.py"))
     prefixes = next(ast.literal_eval(node.value) for node in ast.walk(tree)
                     if isinstance(node, ast.Assign)
                     and any(getattr(t, "id", None) == "OPENMPI_EXPORT_PREFIXES"

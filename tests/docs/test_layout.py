@@ -28,6 +28,10 @@ def python_modules(top):
                                                   recursive=True)}
 
 
+# The top-level packages: the runtime, ddlrun, and the tools.
+PACKAGES = ("keras_ddl", "keras_ddl_launcher", "keras_ddl_tools")
+
+
 def imports_of(path, name):
     """Every keras_ddl* module `path` imports, at any depth of its code."""
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
@@ -44,11 +48,11 @@ def imports_of(path, name):
                 stem = node.module
             found.add(stem)
             found.update(f"{stem}.{a.name}" for a in node.names)
-    return {m for m in found if m.split(".")[0] in ("keras_ddl", "keras_ddl_tools")}
+    return {m for m in found if m.split(".")[0] in PACKAGES}
 
 
 def graph():
-    modules = {**python_modules("keras_ddl"), **python_modules("keras_ddl_tools")}
+    modules = {k: v for top in PACKAGES for k, v in python_modules(top).items()}
     return {name: {m for m in imports_of(path, name) if m in modules and m != name}
             for name, path in modules.items()}
 
@@ -60,10 +64,9 @@ def layer(module):
 
 # layer -> the layers of keras_ddl it must not import (anything else is fine)
 FORBIDDEN = {
-    "common": {"tensorflow", "keras", "horovod", "runner"},
-    "tensorflow": {"keras", "horovod", "runner"},
-    "keras": {"horovod", "runner"},
-    "runner": {"tensorflow", "keras", "horovod"},
+    "common": {"tensorflow", "keras", "horovod"},
+    "tensorflow": {"keras", "horovod"},
+    "keras": {"horovod"},
 }
 
 
@@ -73,10 +76,27 @@ def test_python_layers_import_only_downwards():
     assert wrong == []
 
 
+def test_ddlrun_imports_neither_keras_ddl_nor_tensorflow():
+    """keras_ddl_launcher (ddlrun) starts without TensorFlow: it imports no
+    keras_ddl module (keras_ddl/__init__.py imports TensorFlow), no tool,
+    and neither TensorFlow nor Keras; keras_ddl does not import it."""
+    wrong = [f"{m} imports {dep}" for m, deps in graph().items() for dep in deps
+             if (m.split(".")[0] == "keras_ddl_launcher") != (dep.split(".")[0]
+                                                              == "keras_ddl_launcher")]
+    for path in glob.glob(os.path.join(SRC, "keras_ddl_launcher", "*.py")):
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            wrong += [f"{os.path.basename(path)} imports {n}" for n in names
+                      if n.split(".")[0] in ("tensorflow", "keras")]
+    assert wrong == []
+
+
 def test_the_runtime_never_imports_the_tools():
     # keras_ddl.bench and keras_ddl.cluster are the tools' commands under
     # their documented names, nothing else.
-    commands = ("keras_ddl.bench", "keras_ddl.cluster", "keras_ddl._tool_help")
+    commands = ("keras_ddl.bench", "keras_ddl.cluster")
     wrong = [f"{m} imports {dep}" for m, deps in graph().items() if m.startswith("keras_ddl.")
              or m == "keras_ddl" for dep in deps
              if dep.startswith("keras_ddl_tools") and not m.startswith(commands)]
@@ -110,7 +130,8 @@ def test_no_import_cycle():
 def test_every_folder_says_what_lives_there():
     missing = []
     for init in glob.glob(os.path.join(PACKAGE, "**", "__init__.py"), recursive=True) + \
-            glob.glob(os.path.join(SRC, "keras_ddl_tools", "**", "__init__.py"), recursive=True):
+            glob.glob(os.path.join(SRC, "keras_ddl_tools", "**", "__init__.py"), recursive=True) + \
+            [os.path.join(SRC, "keras_ddl_launcher", "__init__.py")]:
         doc = ast.get_docstring(ast.parse(open(init).read()))
         if not doc or len(doc.split()) < 8:
             missing.append(os.path.relpath(init, REPO))

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from keras_ddl.runner import agent, ddlrun
-from keras_ddl.runner.deathwatch import DeathWatch
+from keras_ddl_launcher import agent, ddlrun
+from keras_ddl_launcher.deathwatch import DeathWatch
 
 # Every rank prints its settings, then long lines flushed mid-line, all at once.
 PROBE = """
@@ -131,22 +131,23 @@ def test_the_ddlrun_command_answers_help_without_tensorflow():
     assert proc.returncode == 0 and "--launcher-exec PATH" in proc.stdout, proc.stderr[-2000:]
     imported = [line.split("|")[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")]
-    assert "keras_ddl.runner.deathwatch" in imported  # the runner itself was loaded
+    assert "keras_ddl_launcher.deathwatch" in imported  # the runner itself was loaded
     assert not [m for m in imported if m.split(".")[0] in ("tensorflow", "keras")], \
         "ddlrun --help imported TensorFlow or Keras"
-    # The same through the entry point's module, looking at sys.modules.
-    probe = ("import sys, keras_ddl_launcher as k; k.load_runner(); "
+    # The same through the entry point's module, looking at sys.modules:
+    # keras_ddl is not even imported (its __init__ would import TensorFlow).
+    probe = ("import sys, keras_ddl_launcher.ddlrun; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('tensorflow', 'keras', 'keras_ddl')))")
+             "('tensorflow', 'keras', 'keras_ddl', 'keras_ddl_launcher')))")
     listed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             timeout=60)
     assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.strip() == str(["keras_ddl", "keras_ddl.runner", "keras_ddl.runner.agent",
-                                         "keras_ddl.runner.ddlrun",
-                                         "keras_ddl.runner.deathwatch",
-                                         "keras_ddl.runner.hosts",
-                                         "keras_ddl.runner.rank_output",
-                                          "keras_ddl.runner.settings"])
+    assert listed.stdout.strip() == str(["keras_ddl_launcher", "keras_ddl_launcher.agent",
+                                         "keras_ddl_launcher.ddlrun",
+                                         "keras_ddl_launcher.deathwatch",
+                                         "keras_ddl_launcher.hosts",
+                                         "keras_ddl_launcher.rank_output",
+                                         "keras_ddl_launcher.settings"])
 
 
 def watch_and_agent(command, token=None, rank="5"):

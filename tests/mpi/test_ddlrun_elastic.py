@@ -18,9 +18,9 @@ import types
 
 import pytest
 
-from keras_ddl.runner import ddlrun, elastic
-from keras_ddl.runner.deathwatch import LOST, Death
-from keras_ddl.runner.hosts import DiscoveryScript, launch_check
+from keras_ddl_launcher import ddlrun, elastic
+from keras_ddl_launcher.deathwatch import LOST, Death
+from keras_ddl_launcher.hosts import DiscoveryScript, launch_check
 
 PROBE = "elastic_probe.py"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from keras_ddl.runner import ddlrun
+from keras_ddl_launcher import ddlrun
 
-DDLRUN = [sys.executable, "-m", "keras_ddl.runner.ddlrun"]
+DDLRUN = [sys.executable, "-m", "keras_ddl_launcher.ddlrun"]
 
 
 def dry_run(argv, capsys):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from keras_ddl.runner import ddlrun
+from keras_ddl_launcher import ddlrun
 
 PROBE = "restart_probe.py"
 DDLRUN = [sys.executable, "-m", "keras_ddl_launcher"]

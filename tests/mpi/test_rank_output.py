@@ -1,4 +1,4 @@
-"""ddlrun's writing of rank output (keras_ddl/runner/rank_output.py) on byte
+"""ddlrun's writing of rank output (keras_ddl_launcher/rank_output.py) on byte
 streams: Keras-style progress bars (backspaces, carriage returns, ANSI
 colours), reads cut anywhere, into a file or a pipe and onto a terminal;
 and one real ddlrun launch whose rank draws a Keras progress bar."""
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from keras_ddl.runner.rank_output import ERASE_TO_END, MAX_LINE, RankOutput, Screen
+from keras_ddl_launcher.rank_output import ERASE_TO_END, MAX_LINE, RankOutput, Screen
 
 BOLD, GREEN, RESET = b"\x1b[1m", b"\x1b[32m", b"\x1b[0m"
 
@@ -145,7 +145,7 @@ print("END", flush=True)
 def test_ddlrun_writes_one_line_per_keras_bar_into_a_pipe(tmp_path):
     script = tmp_path / "bar.py"
     script.write_text(BAR_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "keras_ddl.runner.ddlrun", "-np", "2",
+    proc = subprocess.run([sys.executable, "-m", "keras_ddl_launcher.ddlrun", "-np", "2",
                            sys.executable, str(script)], capture_output=True, timeout=180,
                           cwd=tmp_path, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -158,7 +158,7 @@ def test_ddlrun_writes_one_line_per_keras_bar_into_a_pipe(tmp_path):
 
 
 def test_a_terminal_gets_one_shared_screen_and_a_pipe_none():
-    from keras_ddl.runner.rank_output import screens_for
+    from keras_ddl_launcher.rank_output import screens_for
     master, slave = os.openpty()
     read_end, write_end = os.pipe()
     try:

@@ -105,6 +105,58 @@ def test_keras_file_round_trip_restores_the_state(tmp_path, make):
         np.testing.assert_array_equal(a, b)
 
 
+def test_public_module_paths_are_modules_and_saved_models_load_in_a_new_process(tmp_path):
+    """keras_ddl.callbacks, .data, .schedules, .optimizers(.lars) and .ops are
+    modules of their own (no sys.modules aliases) holding their layer's
+    objects; a model saved with DistributedOptimizer(LARS) and a WarmUp
+    schedule loads in a new process that only imports keras_ddl, and so does
+    a LARS config naming the flat layout's module keras_ddl.optimizers.lars."""
+    import importlib
+    import json
+    import subprocess
+    import sys
+    layer_of = {"callbacks": "keras.callbacks", "data": "keras.data",
+                "schedules": "keras.schedules", "optimizers": "keras.optimizers",
+                "optimizers.lars": "keras.optimizers.lars", "ops": "tensorflow"}
+    package = os.path.dirname(ddl.__file__)
+    for public, layer in layer_of.items():
+        module = importlib.import_module(f"keras_ddl.{public}")
+        inner = importlib.import_module(f"keras_ddl.{layer}")
+        assert module.__name__ == f"keras_ddl.{public}" and module is not inner
+        assert os.path.dirname(module.__file__).startswith(package), module.__file__
+        # Every name, private ones too (the path was the layer module itself),
+        # but the submodule keras_ddl.optimizers.lars of its own.
+        names = [n for n in vars(inner) if not n.startswith("__")
+                 and (public, n) != ("optimizers", "lars")]
+        assert names and all(getattr(module, n) is getattr(inner, n) for n in names), public
+        assert module.__doc__ and getattr(module, "__all__", None) == getattr(inner, "__all__", None)
+    assert ddl.optimizers.lars.LARS is LARS and ddl.ops.allreduce is ddl.allreduce
+
+    x, y = data()
+    model = make_model()
+    schedule = ddl.schedules.WarmUp(0.5, warmup_steps=3, initial_learning_rate=0.1)
+    model.compile(optimizer=ddl.DistributedOptimizer(LARS(schedule, momentum=0.9)), loss="mse",
+                  jit_compile=False)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    path = os.path.join(tmp_path, "m.keras")
+    model.save(path)
+    flat = keras.saving.serialize_keras_object(LARS(0.25, momentum=0.5))
+    flat["module"] = "keras_ddl.optimizers.lars"
+    script = ("import json, sys, keras, keras_ddl\n"
+              "m = keras.saving.load_model(sys.argv[1])\n"
+              "o = keras.saving.deserialize_keras_object(json.loads(sys.argv[2]))\n"
+              "print('LOADED', type(m.optimizer).__name__, type(m.optimizer.inner_optimizer)"
+              ".__name__, type(m.optimizer.inner_optimizer._learning_rate).__name__,"
+              " type(o).__name__, float(o.learning_rate), [w.tolist() for w in m.get_weights()])\n")
+    proc = subprocess.run([sys.executable, "-c", script, path, json.dumps(flat)],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = proc.stdout.split("LOADED ", 1)[1]
+    assert loaded.startswith("DistributedOptimizer LARS WarmUp LARS 0.25 "), loaded[:200]
+    assert loaded.split(" ", 5)[5].strip() == str([w.tolist() for w in model.get_weights()])
+
+
 @pytest.mark.parametrize("run_eagerly", [False, True])
 def test_gradient_accumulation_is_one_update_on_the_mean(run_eagerly):
     x, y = data()

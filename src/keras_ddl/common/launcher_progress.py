@@ -3,7 +3,7 @@ cost: from the last step before it to the step at which the relaunched job
 is back where it was (docs/failures.md).
 
 Under ddlrun, each rank's agent gives the rank a pipe, named by
-``DDLRUN_PROGRESS_FD`` as ``FD:INODE`` (keras_ddl/runner/agent.py). Lines
+``DDLRUN_PROGRESS_FD`` as ``FD:INODE`` (keras_ddl_launcher/agent.py). Lines
 written to it, one event each:
 
     step S       S optimizer steps are done (counted from the run's start)

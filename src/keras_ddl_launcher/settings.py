@@ -5,17 +5,25 @@ config.cc), so ddlrun's checks and the core's cannot drift apart. The build
 copies it beside the compiled libraries in the package; a source checkout
 reads it where it is."""
 
+import importlib.util
 import os
 import re
 from collections import namedtuple
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Installed: the build's copy beside the libraries. A source checkout that
-# was not built in place: the table itself.
-TABLE = next((p for p in (os.path.join(_PACKAGE, "settings.def"),
-                          os.path.join(os.path.dirname(_PACKAGE), "custom_ops", "common",
-                                       "settings.def")) if os.path.exists(p)),
-             os.path.join(_PACKAGE, "settings.def"))
+
+def _table():
+    """Installed: the build's copy beside keras_ddl's libraries (found
+    without importing keras_ddl, which would import TensorFlow). A source
+    checkout that was not built: the table itself."""
+    spec = importlib.util.find_spec("keras_ddl")
+    packages = list(spec.submodule_search_locations) if spec else []
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    candidates = [os.path.join(p, "settings.def") for p in packages] + [
+        os.path.join(checkout, "custom_ops", "common", "settings.def")]
+    return next((p for p in candidates if os.path.exists(p)), candidates[0])
+
+
+TABLE = _table()
 
 # kind: "number", "whole", "choice" or "text"; low and high bound a number;
 # choices lists a choice's words; shared: every rank must use the same value.
