@@ -567,6 +567,19 @@ def _local_layer_variables(local_layers, owner):
     return variables
 
 
+def _with_local_layers(wrapper, wrapped, local_layers, scale_local_gradients, kwargs, owner,
+                       register):
+    """``wrapper(wrapped, ...)`` with the trainable variables of
+    ``local_layers`` registered as local through its method ``register``:
+    the Partial* wrappers differ only in those three. The layers are checked
+    first, so a bad one is refused before anything is wrapped."""
+    variables = _local_layer_variables(local_layers, owner)
+    distributed = wrapper(wrapped, scale_local_gradients=scale_local_gradients, **kwargs)
+    for variable in variables:
+        getattr(distributed, register)(variable)
+    return distributed
+
+
 def PartialDistributedOptimizer(optimizer, local_layers=None, scale_local_gradients=True,
                                 **kwargs):
     """A `DistributedOptimizer` that does not reduce the gradients of
@@ -591,12 +604,9 @@ def PartialDistributedOptimizer(optimizer, local_layers=None, scale_local_gradie
             default, as Horovod) or not.
         **kwargs: The other arguments of `DistributedOptimizer`.
     """
-    variables = _local_layer_variables(local_layers, "PartialDistributedOptimizer")
-    distributed = DistributedOptimizer(optimizer, scale_local_gradients=scale_local_gradients,
-                                       **kwargs)
-    for variable in variables:
-        distributed.register_local_var(variable)
-    return distributed
+    return _with_local_layers(DistributedOptimizer, optimizer, local_layers,
+                              scale_local_gradients, kwargs, "PartialDistributedOptimizer",
+                              "register_local_var")
 
 
 def PartialDistributedGradientTape(tape, local_layers=None, scale_local_gradients=True,
@@ -611,9 +621,6 @@ def PartialDistributedGradientTape(tape, local_layers=None, scale_local_gradient
             default, as Horovod) or not.
         **kwargs: The other arguments of `DistributedGradientTape`.
     """
-    variables = _local_layer_variables(local_layers, "PartialDistributedGradientTape")
-    distributed = DistributedGradientTape(tape, scale_local_gradients=scale_local_gradients,
-                                          **kwargs)
-    for variable in variables:
-        distributed.register_local_source(variable)
-    return distributed
+    return _with_local_layers(DistributedGradientTape, tape, local_layers,
+                              scale_local_gradients, kwargs, "PartialDistributedGradientTape",
+                              "register_local_source")

@@ -206,14 +206,8 @@ class _DecayWithWarmup(_PeakWithWarmup):
     and stays at 1 afterwards.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps,
-        warmup_initial_learning_rate,
-        name,
-    ):
+    def __init__(self, peak_learning_rate, total_steps, warmup_steps, warmup_initial_learning_rate,
+                 name):
         super().__init__(peak_learning_rate, warmup_steps, warmup_initial_learning_rate, name)
         self.total_steps = _steps("total_steps", total_steps, 1)
         if self.total_steps <= self.warmup_steps:
@@ -263,23 +257,12 @@ class PolynomialDecayWithWarmup(_DecayWithWarmup):
         name: Optional name of the schedule.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps=0,
-        end_learning_rate=0.0,
-        power=2.0,
-        warmup_initial_learning_rate=0.0,
-        name=None,
-    ):
-        super().__init__(
-            peak_learning_rate,
-            total_steps,
-            warmup_steps,
-            warmup_initial_learning_rate,
-            name,
-        )
+    def __init__(self, peak_learning_rate, total_steps, warmup_steps=0, end_learning_rate=0.0,
+                 power=2.0, warmup_initial_learning_rate=0.0, name=None):
+        # The warmup and the decay's span are the base class's; only the
+        # decay's own arguments are read here.
+        super().__init__(peak_learning_rate, total_steps, warmup_steps,
+                         warmup_initial_learning_rate, name)
         self.end_learning_rate = _number("end_learning_rate", end_learning_rate)
         self.power = _number("power", power, strict=True)
 
@@ -319,22 +302,10 @@ class CosineDecayWithWarmup(_DecayWithWarmup):
         name: Optional name of the schedule.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps=0,
-        alpha=0.0,
-        warmup_initial_learning_rate=0.0,
-        name=None,
-    ):
-        super().__init__(
-            peak_learning_rate,
-            total_steps,
-            warmup_steps,
-            warmup_initial_learning_rate,
-            name,
-        )
+    def __init__(self, peak_learning_rate, total_steps, warmup_steps=0, alpha=0.0,
+                 warmup_initial_learning_rate=0.0, name=None):
+        super().__init__(peak_learning_rate, total_steps, warmup_steps,
+                         warmup_initial_learning_rate, name)
         self.alpha = _number("alpha", alpha)
         if self.alpha > 1:
             raise ValueError(f"`alpha` must be <= 1. Received: alpha={alpha!r}")
