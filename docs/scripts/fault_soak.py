@@ -56,7 +56,7 @@ TRAIN = os.path.join(HERE, "soak_train.py")
 # The job that loses a node, the suite's own (tests/cluster/test_elastic_cluster.py),
 # and its shape.
 LOST_NODE_JOB = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "mpi",
-                             "elastic_job.py")
+                             "scripts", "elastic_job.py")
 LOST_NODE_SAMPLES, LOST_NODE_STEPS_PER_EPOCH = 48, 8
 PEER_TIMEOUT_S = 5
 FAULTS = ["kill9", "cut_link", "sigstop", "slow_link", "full_disk"]

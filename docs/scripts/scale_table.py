@@ -30,7 +30,7 @@ ROW = re.compile(r"^table ranks=(\d+) shape=(\S+) calls=(\d+) call_ms\(median,mi
 
 def build(directory):
     """scale_check, compiled as tests/core/test_core.py compiles it."""
-    sys.path.insert(0, os.path.join(REPO, "tests"))
+    sys.path.insert(0, os.path.join(REPO, "tests", "core"))
     import test_core
     test_core._objects = test_core.CoreObjects(directory)
     exe = test_core.build("scale_check.cc", test_core.engine_sources(),
