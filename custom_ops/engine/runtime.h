@@ -4,7 +4,7 @@
 // enqueue (Submit), wait (a Work's done callback), the ranks and topology,
 // timeline marks and counters. This header includes no other engine
 // header but work.h, so a binding sees none of the engine, the context or
-// the layers under them (tests/test_layout.py checks it).
+// the layers under them (tests/docs/test_layout.py checks it).
 #pragma once
 
 #include <cstdint>

@@ -625,7 +625,7 @@ void SharedSettingsAreCompared() {
 }
 
 // Run in a private mount namespace whose /dev/shm is a tmpfs of 12 MiB
-// (tests/test_core.py makes it): 2 nodes x 2 local ranks, hierarchical, so
+// (tests/core/test_core.py makes it): 2 nodes x 2 local ranks, hierarchical, so
 // each node's staging area is 4 slots of 1 MiB per rank, 8 MiB and a page.
 // The area is committed at set-up, so the node that finds no room fails
 // there, and every rank of the job fails with that one error (before: all
