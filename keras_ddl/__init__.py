@@ -18,6 +18,13 @@ import sys as _sys
 # TF_CPU_ALLOCATOR_USE_BFC=false.
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
+# Under ``srun --mpi=pmi2``, MPICH's start-up requests are relayed to Slurm
+# cut to a size Slurm reads whole (common/slurm_pmi.py). Started here, before
+# the script can import mpi4py's MPI (which runs MPI_Init) through us.
+from .common import slurm_pmi as _slurm_pmi  # noqa: E402
+
+_slurm_pmi.start_relay()
+
 # `python -m keras_ddl.bench --help` answers here, before TensorFlow loads.
 from ._tool_help import answer_help_without_tensorflow as _answer_help  # noqa: E402
 
