@@ -24,9 +24,14 @@ What works, and why (found here):
   (keras_ddl/common/slurm_pmi.py, started by ``import keras_ddl``) lowers
   the vallen_max Slurm announces so every request fits;
   ``pmi_went_through_the_relay`` checks it ran.
-- ``--mpi=pmix`` is listed by Debian's Slurm, but its plugin needs
-  libpmix2 (not a dependency of slurmd), and the mpich wheel then has to
-  speak PMIx (``MPIR_CVAR_PMI_VERSION=x``); not tested here.
+- ``--mpi=pmix`` does not work with the mpich wheel. Debian's Slurm lists
+  it, but its plugin loads the PMIx library by its unversioned name
+  (.../pmix2/lib/libpmix.so, in the package libpmix-dev, which slurmd does
+  not depend on) and makes per-step directories in /tmp (each node of this
+  cluster has its own /tmp for that). With both, srun starts the step, and
+  the wheel's MPI_Init fails: by default it looks for a PMI-1 socket, and
+  with ``MPIR_CVAR_PMI_VERSION=x`` it stops with "Internal MPI error" in
+  MPIR_pmi_init (the wheel has no PMIx client). Not tested here.
 - ``MPIR_CVAR_PMI_VERSION=2`` (PMI-2's length-prefixed messages, which
   Slurm reads whole) is refused by the mpich wheel at MPI_Init.
 
@@ -111,7 +116,9 @@ def launch(cluster, how):
                    env)
         output = proc.stdout
     else:  # the docs' batch script, as written, with train.py this job
-        work = tempfile.mkdtemp(prefix="ddl-sbatch-")
+        # Every node has a /tmp of its own: the job's directory is one the
+        # nodes share, as a home directory on a cluster's shared file system.
+        work = tempfile.mkdtemp(prefix="sbatch-", dir=cluster.slurm.directory)
         try:
             shutil.copy(JOB, os.path.join(work, "train.py"))
             with open(os.path.join(work, "train.sbatch"), "w") as f:

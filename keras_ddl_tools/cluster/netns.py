@@ -264,10 +264,11 @@ class NetnsCluster:
             return
         self._is_up = False
         if self.slurm is not None:
-            self.slurm.down()
-            # Job steps outlive slurmd (slurmstepd runs on its own).
+            # Job steps outlive slurmd (slurmstepd runs on its own), and
+            # slurmd waits for them: everything in the nodes goes first.
             for node in range(self.nodes):
                 self.kill_processes(node)
+            self.slurm.down()
         _teardown(self.name, self.nodes)
         if self._old_sigterm is not None:
             try:

@@ -193,7 +193,8 @@ class SlurmCluster:
 
     def _spawn(self, what, argv):
         log = open(os.path.join(self.directory, f"{what}.out"), "w")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+        # cwd /: this process's directory may not exist in a node's mounts.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd="/",
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self._daemons.append((what, proc))
@@ -230,9 +231,18 @@ class SlurmCluster:
         self._spawn("slurmctld", [_program("slurmctld"), "-D", "-i", "-f", self.conf])
         self._wait(self._controller_answers, "slurmctld")
         for host, ns in zip(self.cluster.hosts, self.cluster.namespaces):
-            # ip netns exec: the node's network; unshare -u -m: its hostname
-            # and its /etc/hosts, private to its processes (and its jobs').
-            inner = (f"mount --bind {self.directory}/hosts /etc/hosts && hostname {host} && "
+            os.makedirs(os.path.join(self.directory, "spool", host))
+            node_tmp = os.path.join(self.directory, "tmp", host)
+            os.makedirs(node_tmp, mode=0o1777)
+            os.chmod(node_tmp, 0o1777)
+            # ip netns exec: the node's network; unshare -u -m: its hostname,
+            # its /etc/hosts and its own /tmp (as a server has: Slurm's PMIx
+            # plugin makes per-step directories there under names that
+            # would collide between nodes), private to its processes and
+            # its jobs'. Files the nodes share belong elsewhere (a shared
+            # file system on a real cluster).
+            inner = (f"mount --bind {self.directory}/hosts /etc/hosts && "
+                     f"mount --bind {node_tmp} /tmp && hostname {host} && "
                      f"exec {_program('slurmd')} -D -N {host} -f {self.conf}")
             self._spawn(f"slurmd-{host}", ["ip", "netns", "exec", ns, "unshare", "-u", "-m",
                                           "--propagation", "private", "sh", "-c", inner])
@@ -289,29 +299,31 @@ class SlurmCluster:
         return all(states.get(h) == "idle" for h in self.cluster.hosts)
 
     def down(self):
-        """Stops every daemon this cluster started (slurmd first, so their
-        jobs' steps are ended with them), then munged. Safe to call twice."""
-        for what, proc in reversed(self._daemons):
-            _stop(proc)
+        """Stops every daemon this cluster started: SIGTERM to all at once,
+        SIGKILL to those still running after STOP_TIMEOUT_S. (The cluster
+        kills what runs in its nodes first: job steps, and slurmd, which
+        waits for them.) Safe to call twice."""
+        procs = [proc for _, proc in self._daemons]
         self._daemons = []
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
 
 
-def _stop(proc):
-    """SIGTERM to a daemon's process group, then SIGKILL if it lingers."""
+def _signal_group(proc, signum):
+    """``signum`` to a daemon's process group (its session: sh, slurmd ...)."""
     if proc.poll() is not None:
         return
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signum)
     except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        pass
 
 
 def kill_recorded_daemons(state_dir):
