@@ -204,3 +204,44 @@ def test_no_daemon_outlives_the_cluster():
              and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
     assert not alive, f"daemons left running: {alive}"
     assert not os.path.exists(conf), conf
+
+
+def test_cluster_run_slurm_runs_the_client_command_with_slurm_conf(monkeypatch):
+    from keras_ddl_tools.cluster import __main__ as cluster_command
+    made, launched = [], []
+
+    class FakeSlurm:
+        def env(self):
+            return {"SLURM_CONF": "/x/slurm.conf"}
+        conf = "/x/slurm.conf"
+
+    class FakeCluster:
+        hosts = ["node1", "node2"]
+        nodes = 2
+        slurm = FakeSlurm()
+
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def link_bytes(self):
+            return [(0, 0), (0, 0)]
+
+        def uplink_bytes(self):
+            return []
+
+    monkeypatch.setattr(cluster_command, "NetnsCluster", FakeCluster)
+    monkeypatch.setattr(cluster_command.subprocess, "run",
+                        lambda argv, env: launched.append((argv, env["SLURM_CONF"])) or
+                        subprocess.CompletedProcess(argv, 3))
+    code = cluster_command.main(["run", "--slurm", "--ranks-per-node", "2", "--",
+                                 "srun", "--mpi=pmi2", "hostname"])
+    assert code == 3  # the client's exit code
+    assert made[0]["slurm"] is True and made[0]["slurm_cpus"] == 2, made
+    # The command is Slurm's client, run as given (no mpiexec around it).
+    assert launched == [(["srun", "--mpi=pmi2", "hostname"], "/x/slurm.conf")], launched

@@ -114,10 +114,11 @@ def main(argv=None):
         p.error("run: no command given")
     try:
         mpiexec = None if args.slurm else find_mpiexec()
+        slurm = {"slurm": True, "slurm_cpus": args.slurm_cpus or args.ranks_per_node} \
+            if args.slurm else {}
         with NetnsCluster(args.nodes, args.rate, burst=args.burst, racks=args.racks,
                           uplink=args.uplink, tell_topology=not args.no_topology,
-                          shm=args.shm, slurm=args.slurm,
-                          slurm_cpus=args.slurm_cpus or args.ranks_per_node) as cluster:
+                          shm=args.shm, **slurm) as cluster:
             if args.slurm:  # the command is the Slurm client: srun, sbatch, salloc ...
                 argv, env = command, dict(os.environ, **cluster.slurm.env())
                 print(f"+ SLURM_CONF={cluster.slurm.conf}", " ".join(argv), flush=True)
