@@ -120,7 +120,9 @@ def main(argv=None):
                           uplink=args.uplink, tell_topology=not args.no_topology,
                           shm=args.shm, **slurm) as cluster:
             if args.slurm:  # the command is the Slurm client: srun, sbatch, salloc ...
-                argv, env = command, dict(os.environ, **cluster.slurm.env())
+                # srun passes the environment on to the tasks: MPI over TCP,
+                # so that the links carry the traffic, as with mpiexec.
+                argv, env = command, dict(os.environ, **MPI_ENV, **cluster.slurm.env())
                 print(f"+ SLURM_CONF={cluster.slurm.conf}", " ".join(argv), flush=True)
             else:
                 argv = [mpiexec, *cluster.mpiexec_args(args.ranks_per_node),
