@@ -245,3 +245,62 @@ def test_cluster_run_slurm_runs_the_client_command_with_slurm_conf(monkeypatch):
     assert made[0]["slurm"] is True and made[0]["slurm_cpus"] == 2, made
     # The command is Slurm's client, run as given (no mpiexec around it).
     assert launched == [(["srun", "--mpi=pmi2", "hostname"], "/x/slurm.conf")], launched
+
+
+def relay_between(client_first_bytes):
+    """A relay started as under srun (its PMI socket's other end held here
+    as "Slurm"); returns (slurm socket, client fd, relay process)."""
+    import socket
+
+    from keras_ddl.common import slurm_pmi
+    slurm_side, task_side = socket.socketpair()
+    environ = {"SLURM_MPI_TYPE": "pmi2", "PMI_FD": str(os.dup(task_side.fileno())),
+               "PATH": os.environ.get("PATH", "")}
+    task_side.close()
+    os.set_inheritable(int(environ["PMI_FD"]), True)
+    proc = slurm_pmi.start_relay(environ)
+    assert proc is not None and environ["DDL_PMI_RELAY_ACTIVE"] == "1"
+    client = int(environ["PMI_FD"])
+    os.write(client, client_first_bytes)
+    slurm_side.settimeout(20)
+    return slurm_side, client, proc
+
+
+def test_relay_passes_whole_pmi1_lines_and_lowers_vallen_max():
+    from keras_ddl.common import slurm_pmi
+    slurm, client, proc = relay_between(b"cmd=init pmi_version=1 pmi_")
+    try:
+        # A request written in two pieces reaches Slurm as one whole line.
+        os.write(client, b"subversion=1\n")
+        assert slurm.recv(1024) == b"cmd=init pmi_version=1 pmi_subversion=1\n"
+        slurm.sendall(b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n")
+        assert os.read(client, 1024) == b"cmd=response_to_init rc=0 pmi_version=1 " \
+                                        b"pmi_subversion=1\n"
+        os.write(client, b"cmd=get_maxes\n")
+        assert slurm.recv(1024) == b"cmd=get_maxes\n"
+        slurm.sendall(b"cmd=maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max=1024\n")
+        answer = os.read(client, 1024)
+        assert answer == (b"cmd=maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max="
+                          + str(slurm_pmi.SAFE_VALLEN).encode() + b"\n"), answer
+    finally:
+        os.close(client)
+        assert proc.wait(timeout=20) == 0  # the task's end closed: the relay ends
+        slurm.close()
+
+
+def test_relay_passes_pmi2_messages_untouched():
+    # PMI-2's messages are length-prefixed, without newlines: bytes pass as they are.
+    message = b"000044cmd=fullinit;pmijobid=1.0;pmirank=0;threaded=FALSE;"
+    slurm, client, proc = relay_between(message)
+    try:
+        got = b""
+        while len(got) < len(message):
+            got += slurm.recv(1024)
+        assert got == message
+        reply = b"000050cmd=fullinit-response;rc=0;vallen_max=1024;"
+        slurm.sendall(reply)
+        assert os.read(client, 1024) == reply
+    finally:
+        os.close(client)
+        assert proc.wait(timeout=20) == 0
+        slurm.close()
