@@ -9,7 +9,10 @@ rack allreduce runs, bitwise in rack order:
 - ``srun --mpi=pmi2`` directly, with the default mpich wheel;
 - ``ddlrun --launcher srun`` inside ``salloc`` (ddlrun adds ``--mpi=pmi2``);
 - the batch script of docs/multinode.md, as written, through ``sbatch``,
-  waited for, its output file read.
+  waited for (scontrol polled), its output file read. The script asks for
+  2 nodes of 4 tasks; these nodes have one CPU each, so sbatch's command
+  line asks for 4 nodes of 1 (command-line options override the script's
+  ``#SBATCH`` lines; the script itself runs unchanged).
 
 What works, and why (found here):
 
@@ -45,6 +48,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
 
 import pytest
@@ -91,6 +95,26 @@ def run(argv, env, cwd=TESTS_DIR):
                     f"stdout:\n{text(e.stdout)[-4000:]}\nstderr:\n{text(e.stderr)[-4000:]}")
 
 
+# Where a batch job has ended (JobState in scontrol's answer).
+ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def wait_for_job(cluster, job_id):
+    """Waits for batch job ``job_id`` to end, polling scontrol twice a
+    second (``sbatch --wait`` polls every few seconds, up to 20 s late
+    here); a CompletedProcess whose returncode is the script's exit code."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        out = cluster.slurm.run("scontrol", "show", "job", "-o", job_id, check=False).stdout
+        fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+        if fields.get("JobState") in ENDED_STATES:
+            code = int(fields.get("ExitCode", "1:0").split(":")[0])
+            return subprocess.CompletedProcess(["sbatch"], code, out, "")
+        time.sleep(0.5)
+    pytest.fail(f"batch job {job_id} still running after {LAUNCH_TIMEOUT_S} s:\n{out}")
+
+
 def docs_batch_script():
     """The batch script of docs/multinode.md (its ``#SBATCH`` block)."""
     with open(DOCS) as f:
@@ -111,9 +135,10 @@ def launch(cluster, how):
         proc = run(["srun", "-N", "4", "-n", "4", "--mpi=pmi2", python, JOB], env)
         output = proc.stdout
     elif how == "salloc":
-        proc = run(["salloc", "-N", "4", "--ntasks-per-node=1", python, "-m",
-                    "keras_ddl.runner.ddlrun", "-np", "4", "--launcher", "srun", python, JOB],
-                   env)
+        # The ddlrun command users type (it starts without TensorFlow).
+        ddlrun = os.path.join(os.path.dirname(python), "ddlrun")
+        proc = run(["salloc", "-N", "4", "--ntasks-per-node=1", ddlrun, "-np", "4",
+                    "--launcher", "srun", python, JOB], env)
         output = proc.stdout
     else:  # the docs' batch script, as written, with train.py this job
         # Every node has a /tmp of its own: the job's directory is one the
@@ -127,10 +152,11 @@ def launch(cluster, how):
             # nodes have one CPU each, so the same script runs on 4 nodes of
             # one task: sbatch's options on the command line override the
             # script's, the script's lines stay as written.
-            proc = run(["sbatch", "--wait", "--nodes=4", "--ntasks-per-node=1",
-                        "train.sbatch"], env, cwd=work)
+            proc = run(["sbatch", "--nodes=4", "--ntasks-per-node=1", "train.sbatch"], env,
+                       cwd=work)
             job = re.search(r"Submitted batch job (\d+)", proc.stdout)
             assert job, proc.stdout + proc.stderr
+            proc = wait_for_job(cluster, job.group(1))
             out_file = os.path.join(work, f"train-{job.group(1)}.out")
             assert os.path.exists(out_file), (os.listdir(work), proc.stderr)
             with open(out_file, errors="replace") as f:
