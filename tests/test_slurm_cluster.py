@@ -330,3 +330,151 @@ def test_relay_passes_pmi2_messages_untouched():
         os.close(client)
         assert proc.wait(timeout=20) == 0
         slurm.close()
+
+
+# docs/failures.md's recipe without ddlrun's own restarts, so that losing a
+# node reaches Slurm: the job hands itself back and Slurm runs it again.
+# The plan (tests/mpi/resume_job.py): A holds at global batch 8 in the first
+# run (its backup of batch 5, mid-epoch, on disk) and resumes in the second;
+# REF is the same fit without a fault; C waits at batch 8 for the scancel.
+REQUEUE_SCRIPT = """#!/bin/bash
+#SBATCH --requeue --output=train-%j.out
+ddlrun -np $SLURM_NTASKS --launcher srun python train.py {work} arrays:A:hold=8+arrays:REF+arrays:C:wait=8
+code=$?
+if [ $code -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt 1 ]; then
+    scontrol requeue $SLURM_JOB_ID
+fi
+exit $code
+"""
+
+
+def wait_until(what, ready, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"{what}: not after {timeout} s")
+
+
+def job_fields(cluster, job_id):
+    out = cluster.slurm.run("scontrol", "show", "job", "-o", job_id, check=False).stdout
+    return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+
+def leftover_processes(cluster):
+    """What still runs in the nodes besides slurmd: {node: [command]}."""
+    left = {}
+    for node, host in enumerate(cluster.hosts):
+        for pid in cluster.processes(node):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                with open(f"/proc/{pid}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                continue
+            if not zombie and not argv[0].endswith(b"slurmd"):
+                left.setdefault(host, []).append(b" ".join(argv).decode(errors="replace"))
+    return left
+
+
+def requeue_run(cluster):
+    """Loses node4 while the job holds, lets Slurm requeue it, then cancels
+    the second run while C waits. Returns what the tests check."""
+    if "requeue" in _RUNS:
+        return _RUNS["requeue"]
+    work = tempfile.mkdtemp(prefix="requeue-", dir=cluster.slurm.directory)
+    shutil.copy(os.path.join(MPI_DIR, "resume_job.py"), os.path.join(work, "train.py"))
+    with open(os.path.join(work, "requeue.sbatch"), "w") as f:
+        f.write(REQUEUE_SCRIPT.format(work=work))
+    # The ranks left give up on node4's within 5 s (default 15 s).
+    env = slurm_env(cluster, {"DDL_PEER_TIMEOUT_S": "5"})
+    proc = run(["sbatch", "--parsable", "--nodes=4", "--ntasks-per-node=1", "requeue.sbatch"],
+               env, cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    output = os.path.join(work, f"train-{job}.out")
+
+    def text():
+        try:
+            with open(output, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    wait_until("the first run holding at batch 8",
+               lambda: os.path.exists(os.path.join(work, "A.holding")), LAUNCH_TIMEOUT_S)
+    # node4 is lost: cut off, everything on it killed (its slurmd too).
+    cluster.set_link(3, False)
+    cluster.kill_processes(3)
+    wait_until("Slurm requeueing the job",
+               lambda: job_fields(cluster, job).get("Restarts") == "1", 120)
+    # The node comes back; Slurm holds a requeued job about 2 minutes
+    # (Reason=BeginTime): released at once here.
+    cluster.set_link(3, True)
+    cluster.slurm.start_slurmd(3)
+    wait_until("node4 back in service", lambda: cluster.slurm.node_states().get("node4")
+               == "idle", 60)
+    cluster.slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    wait_until("the second run waiting in C",
+               lambda: os.path.exists(os.path.join(work, "C.holding")), LAUNCH_TIMEOUT_S)
+    cancelled_at = time.monotonic()
+    cluster.slurm.run("scancel", job)
+    state = wait_until("the job cancelled", lambda: job_fields(cluster, job).get("JobState")
+                       in ENDED_STATES and job_fields(cluster, job)["JobState"], 60)
+    stop_seconds = time.monotonic() - cancelled_at
+    deadline = time.monotonic() + 30  # slurmstepd reaps the steps after the job ends
+    left = leftover_processes(cluster)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = leftover_processes(cluster)
+    from keras_ddl.keras import backup_store
+    backups = {}
+    for name in sorted(os.listdir(os.path.join(work, "C"))):
+        path = os.path.join(work, "C", name)
+        try:
+            meta = backup_store.read_meta(path)
+            backup_store.verify(path, meta)
+            backups[name] = "intact"
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            backups[name] = repr(e)
+    _RUNS["requeue"] = {"output": text(), "state": state, "stop_seconds": stop_seconds,
+                        "left": left, "backups": backups}
+    return _RUNS["requeue"]
+
+
+def job_lines(output, job, what):
+    """{rank: [rest of line]} of 'RANK r JOB job WHAT ...' lines, in order."""
+    lines = {}
+    for m in re.finditer(rf"RANK (\d+) JOB {job} {what} (.*)", output):
+        lines.setdefault(int(m.group(1)), []).append(m.group(2).strip())
+    return lines
+
+
+def test_requeued_job_resumes_from_the_mid_epoch_backup_bitwise(slurm_cluster):
+    result = requeue_run(slurm_cluster)
+    output = result["output"]
+    restored = job_lines(output, "A", "RESTORED")
+    assert sorted(restored) == [0, 1, 2, 3], output[-3000:]
+    for rank, lines in restored.items():
+        # The output file holds the second run only (Slurm truncates it when
+        # the job runs again): restored from the backup of batch 5 (epoch 0,
+        # step 5: mid-epoch) on the same 4 ranks.
+        assert lines == ["epoch=0 step=5 iterations=5 world=4"], (rank, lines)
+    resumed = job_lines(output, "A", "FINAL")
+    fresh = job_lines(output, "REF", "FINAL")
+    assert sorted(resumed) == sorted(fresh) == [0, 1, 2, 3], output[-3000:]
+    digests = {lines[-1] for lines in resumed.values()}
+    assert len(digests) == 1, resumed
+    assert digests == {lines[-1] for lines in fresh.values()}, (resumed, fresh)
+
+
+def test_scancel_stops_every_process_with_backups_intact(slurm_cluster):
+    result = requeue_run(slurm_cluster)
+    assert result["state"] == "CANCELLED", result
+    # SIGTERM, then SIGKILL after KillWait=5 s: well within 30 s.
+    assert result["stop_seconds"] < 30, result
+    assert result["left"] == {}, result
+    assert result["backups"] and set(result["backups"].values()) == {"intact"}, result

@@ -230,23 +230,30 @@ class SlurmCluster:
         os.chmod(self.directory, 0o755)
         self._spawn("slurmctld", [_program("slurmctld"), "-D", "-i", "-f", self.conf])
         self._wait(self._controller_answers, "slurmctld")
-        for host, ns in zip(self.cluster.hosts, self.cluster.namespaces):
+        for node, host in enumerate(self.cluster.hosts):
             os.makedirs(os.path.join(self.directory, "spool", host))
             node_tmp = os.path.join(self.directory, "tmp", host)
             os.makedirs(node_tmp, mode=0o1777)
             os.chmod(node_tmp, 0o1777)
-            # ip netns exec: the node's network; unshare -u -m: its hostname,
-            # its /etc/hosts and its own /tmp (as a server has: Slurm's PMIx
-            # plugin makes per-step directories there under names that
-            # would collide between nodes), private to its processes and
-            # its jobs'. Files the nodes share belong elsewhere (a shared
-            # file system on a real cluster).
-            inner = (f"mount --bind {self.directory}/hosts /etc/hosts && "
-                     f"mount --bind {node_tmp} /tmp && hostname {host} && "
-                     f"exec {_program('slurmd')} -D -N {host} -f {self.conf}")
-            self._spawn(f"slurmd-{host}", ["ip", "netns", "exec", ns, "unshare", "-u", "-m",
-                                          "--propagation", "private", "sh", "-c", inner])
+            self.start_slurmd(node)
         self._wait(self._all_idle, "slurmd on every node")
+
+    def start_slurmd(self, node):
+        """Starts node ``node``'s (0-based) slurmd: at ``up()``, and again
+        after a test took the node down (its processes killed)."""
+        host, ns = self.cluster.hosts[node], self.cluster.namespaces[node]
+        node_tmp = os.path.join(self.directory, "tmp", host)
+        # ip netns exec: the node's network; unshare -u -m: its hostname,
+        # its /etc/hosts and its own /tmp (as a server has: Slurm's PMIx
+        # plugin makes per-step directories there under names that would
+        # collide between nodes), private to its processes and its jobs'.
+        # Files the nodes share belong elsewhere (a shared file system on a
+        # real cluster).
+        inner = (f"mount --bind {self.directory}/hosts /etc/hosts && "
+                 f"mount --bind {node_tmp} /tmp && hostname {host} && "
+                 f"exec {_program('slurmd')} -D -N {host} -f {self.conf}")
+        self._spawn(f"slurmd-{host}", ["ip", "netns", "exec", ns, "unshare", "-u", "-m",
+                                      "--propagation", "private", "sh", "-c", inner])
 
     def _wait(self, ready, what):
         deadline = time.monotonic() + START_TIMEOUT_S
