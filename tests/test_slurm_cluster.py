@@ -14,6 +14,14 @@ rack allreduce runs, bitwise in rack order:
   line asks for 4 nodes of 1 (command-line options override the script's
   ``#SBATCH`` lines; the script itself runs unchanged).
 
+Then one batch job with ``--requeue`` (docs/failures.md's recipe, without
+ddlrun's own restarts): node4 is lost mid-epoch (cut off, everything on it
+killed), the script hands the job back, Slurm runs it again once the node
+is back (the test releases Slurm's 2-minute hold on requeued jobs), and it
+resumes from the mid-epoch backup bitwise equal to the same fit without a
+fault; in that second run ``scancel`` stops every process of the job with
+the backups intact.
+
 What works, and why (found here):
 
 - ``--mpi=pmi2`` works through keras_ddl's PMI relay. MPICH speaks PMI-1
