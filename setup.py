@@ -39,6 +39,9 @@ CORE_SOURCES = sorted(
     + glob.glob(os.path.join(OPS_DIR, "transport", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "algorithms", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "negotiation", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "topology", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "health", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "tuning", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "engine", "*.cc"))
     + [os.path.join(OPS_DIR, "bindings", "c_api.cc")])
 TF_SOURCES = [os.path.join(OPS_DIR, "bindings", "tf_ops.cc")]
@@ -153,12 +156,28 @@ class BuildCustomOps(build_ext):
                 shutil.copy2(path, package_dir)
 
 
+def gpu_requirements():
+    """The ``gpu`` extra: TensorFlow's CUDA libraries (``tensorflow[and-cuda]``).
+
+    The ops are compiled against the TensorFlow installed at build time, so
+    the extra pins that same version: ``pip install ".[gpu]"`` then adds the
+    CUDA wheels beside it instead of swapping TensorFlow for another release
+    after the build (which would leave ops built for the old one).
+    """
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return [f"tensorflow[and-cuda]=={version('tensorflow')}"]
+    except PackageNotFoundError:
+        return ["tensorflow[and-cuda]>=2.16"]
+
+
 setup(
     name="keras_ddl",
     version="0.1.0",
     description="Synchronous data-parallel training for Keras 3 / TensorFlow over MPI",
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
                                     "keras_ddl_tools.*"]),
@@ -172,7 +191,8 @@ setup(
     # already installed (tensorflow, tensorflow-cpu or a CUDA build), and
     # listing one distribution would pull it in beside another.
     install_requires=["keras>=3.0", "mpi4py>=4.0", "numpy"],
-    extras_require={"mpich": ["mpich"], "test": ["pytest"], "study": ["matplotlib"]},
+    extras_require={"mpich": ["mpich"], "test": ["pytest"], "study": ["matplotlib"],
+                    "gpu": gpu_requirements()},
     entry_points={"console_scripts": ["ddlrun = keras_ddl_launcher:main"]},
     zip_safe=False,
 )

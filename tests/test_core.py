@@ -19,7 +19,8 @@ CORE_TESTS = os.path.join(REPO, "tests", "core")
 NEGOTIATION = ["negotiation/controller.cc", "negotiation/coordinator.cc",
                "negotiation/message.cc", "negotiation/response_cache.cc"]
 ALGORITHMS = ["algorithms/allreduce.cc", "algorithms/chain_allreduce.cc", "algorithms/pairwise.cc",
-              "algorithms/ring.cc", "common/reduce_kernels.cc", "common/types.cc"]
+              "algorithms/ring.cc", "topology/choose_allreduce.cc", "common/reduce_kernels.cc",
+              "common/types.cc"]
 
 
 WAIT = "transport/wait.cc"
@@ -173,8 +174,9 @@ def test_topology_detection_and_agreement_on_threads_as_ranks(tmp_path):
     rank gets the same error naming the ranks and what each saw; the
     probe's verdict from given rates (racks, one switch, unclear), the
     topology it makes, and every rank holding rank 0's verdict."""
-    proc = build_and_run("topology_check.cc", ["engine/topology.cc", "engine/topology_probe.cc",
-                                               "common/types.cc"], tmp_path)
+    proc = build_and_run("topology_check.cc", ["topology/topology.cc",
+                                               "topology/topology_probe.cc", "common/types.cc"],
+                         tmp_path)
     assert_no_failures(proc)
 
 

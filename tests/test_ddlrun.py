@@ -67,7 +67,7 @@ def test_dry_run_sets_environment_and_hosts(capsys, tmp_path):
     train = tmp_path / "train.py"
     train.write_text("")
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("# cluster\nnode1:4\nnode2:4 extra-ignored\n")
+    hostfile.write_text("# cluster\nnode1:4\nnode2 slots=4  # Open MPI's form\n")
     assert ddlrun.main(["-np", "8", "--hostfile", str(hostfile), "--hierarchical",
                         "--fusion-threshold-mb", "32", "--bind-to-core", "--dry-run",
                         "--launcher-exec", "true", "--iface", "lo",

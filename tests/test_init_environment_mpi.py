@@ -1,5 +1,7 @@
-"""ddl.init() on 2 ranks: one (faked) GPU per local rank, and HOROVOD_*
-settings mapped to their DDL_* twins or named in a warning by rank 0 only
+"""ddl.init() on 2 ranks: one (faked) GPU per local rank, HOROVOD_*
+settings mapped to their DDL_* twins or named in a warning by rank 0 only,
+and the launcher check let through when the launcher's count (Hydra's
+PMI_SIZE=2, beside a Slurm step's variables) matches the world
 (tests/mpi/init_environment.py; one launch for all cases)."""
 
 import pytest
@@ -11,10 +13,15 @@ HOROVOD_ENV = {
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",        # DDL_STALL_TIMEOUT_S is set: it wins
     "HOROVOD_GPU_OPERATIONS": "NCCL",                   # no twin: warned about
     "HOROVOD_LOG_LEVEL": "debug",                       # no twin: warned about
+    # As in mpiexec run by an sbatch script's srun step: Hydra's PMI_SIZE
+    # is believed, and agrees with the world.
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NUM_TASKS": "1",
 }
 
 CASES = ["bad_horovod_value_is_named", "horovod_settings_mapped",
-         "horovod_warning_on_rank_zero_only", "one_gpu_per_local_rank"]
+         "horovod_warning_on_rank_zero_only", "one_gpu_per_local_rank",
+         "launcher_count_agrees_with_world"]
 
 
 @pytest.mark.parametrize("name", CASES)

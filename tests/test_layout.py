@@ -120,30 +120,84 @@ def test_every_folder_says_what_lives_there():
     assert missing == []
 
 
-# C++: the folders from the top layer down; each may include only itself and
-# the folders after it (custom_ops/README.md).
-CPP_LAYERS = ["bindings", "engine", "negotiation", "algorithms", "transport", "common"]
+# C++: which folder may include which (custom_ops/README.md draws it); a
+# folder may always include its own files. No cycle: each folder names only
+# folders further down this table.
+CPP_INCLUDES = {
+    "bindings": {"engine", "common"},
+    "engine": {"tuning", "health", "negotiation", "algorithms", "topology", "transport",
+               "common"},
+    "tuning": {"algorithms", "topology", "transport", "common"},
+    "health": {"transport", "common"},
+    "negotiation": {"transport", "common"},
+    "algorithms": {"topology", "transport", "common"},
+    "topology": {"transport", "common"},
+    "transport": {"common"},
+    "common": set(),
+}
+
+
+def cpp_folders():
+    return sorted(f for f in os.listdir(OPS) if os.path.isdir(os.path.join(OPS, f)))
+
+
+def cpp_files(folder):
+    return sorted(f for f in os.listdir(os.path.join(OPS, folder))
+                  if f.endswith((".cc", ".h", ".def")))
 
 
 def cpp_includes():
-    for path in glob.glob(os.path.join(OPS, "*", "*.*")):
-        if not path.endswith((".cc", ".h")):
-            continue
-        folder = os.path.basename(os.path.dirname(path))
-        for line in open(path):
-            m = re.match(r'\s*#include\s+[<"]([^">]+)[">]', line)
-            if m:
-                yield folder, os.path.relpath(path, OPS), m.group(1)
+    for folder in cpp_folders():
+        for name in cpp_files(folder):
+            for line in open(os.path.join(OPS, folder, name)):
+                m = re.match(r'\s*#include\s+[<"]([^">]+)[">]', line)
+                if m:
+                    yield folder, f"{folder}/{name}", m.group(1)
 
 
-def test_cpp_layers_include_only_downwards():
+def test_cpp_table_names_every_folder_once_in_order():
+    assert sorted(CPP_INCLUDES) == cpp_folders()
+    order = list(CPP_INCLUDES)
+    wrong = [f"{a} may include {b}, which comes before it" for a, allowed in CPP_INCLUDES.items()
+             for b in allowed if order.index(b) <= order.index(a)]
+    assert wrong == []
+
+
+def test_cpp_folders_include_only_what_the_table_allows():
     wrong = []
     for folder, path, header in cpp_includes():
+        if not header.startswith("../"):
+            continue
         target = os.path.normpath(os.path.join(folder, header)).split(os.sep)[0]
-        if target in CPP_LAYERS and \
-                CPP_LAYERS.index(target) < CPP_LAYERS.index(folder):
+        if target != folder and target in CPP_INCLUDES and \
+                target not in CPP_INCLUDES[folder]:
             wrong.append(f"{path} includes {header}")
     assert wrong == []
+
+
+def test_every_cpp_file_is_named_in_its_folders_readme():
+    missing = []
+    for folder in cpp_folders():
+        readme = open(os.path.join(OPS, folder, "README.md")).read()
+        for name in cpp_files(folder):
+            stem = name.rsplit(".", 1)[0]
+            if not re.search(rf"`{re.escape(name)}`|`{re.escape(stem)}\.(\*|{{)", readme):
+                missing.append(f"{folder}/{name}")
+    assert missing == []
+
+
+def test_no_cpp_folder_holds_more_than_a_third_of_the_core():
+    lines = {folder: sum(len(open(os.path.join(OPS, folder, n)).readlines())
+                         for n in cpp_files(folder) if n.endswith((".cc", ".h")))
+             for folder in cpp_folders()}
+    total = sum(lines.values())
+    assert total > 5000, lines   # the count found the core
+    assert {f: n for f, n in lines.items() if 3 * n > total} == {}, (total, lines)
+
+
+# The network's system headers: every byte the core moves goes through transport/.
+SOCKET_HEADERS = {"sys/socket.h", "poll.h", "netinet/in.h", "netinet/tcp.h", "linux/tcp.h",
+                  "arpa/inet.h", "ifaddrs.h", "netdb.h"}
 
 
 def test_cpp_mpi_tensorflow_and_the_bindings_stay_in_their_files():
@@ -159,7 +213,22 @@ def test_cpp_mpi_tensorflow_and_the_bindings_stay_in_their_files():
                          "engine/runtime.h")
         if header.startswith("../../"):
             wrong.append(f"{path} includes {header}, outside custom_ops")
+        if header in SOCKET_HEADERS and folder != "transport":
+            wrong.append(f"{path} includes {header}: sockets are transport/'s "
+                         "(probe_socket.h, socket_bytes.h)")
     assert wrong == []
+
+
+def test_the_bindings_door_shows_no_engine():
+    """The bindings' one engine header, engine/runtime.h, includes no other
+    header of the core but work.h (the collective a binding hands in) and
+    what that includes: no engine.h, context.h or the layers under them."""
+    found = [header for folder, path, header in cpp_includes()
+             if path == "engine/runtime.h" and not re.match(r"^[a-z_]+$", header)]
+    assert found == ["work.h"]
+    work = [header for folder, path, header in cpp_includes()
+            if path == "engine/work.h" and header.endswith(".h")]
+    assert set(work) <= {"../common/types.h", "../negotiation/message.h"}, work
 
 
 def documented_import_paths():

@@ -101,11 +101,22 @@ def init():
             variable (on every rank, naming the variable).
         keras_ddl.gpus.GpuPinningError: TensorFlow started before ``init()``
             with another GPU visible than this rank's.
+        keras_ddl.common.launch_env.LauncherMismatchError: the launcher says it
+            started several tasks (``SLURM_STEP_NUM_TASKS`` in an srun
+            step, ``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE``, ...) but MPI sees a
+            world of 1 here, so each task would train alone (on every task,
+            naming the variable and the fix; ``DDL_LAUNCHER_CHECK=0`` skips
+            the check).
     """
     global _atexit_registered, _horovod_notes, _process_configured
-    from . import gpus, horovod_env
+    from . import gpus, horovod_env, launch_env
     with _lock:
         lib = _load_core()
+        if not lib.ddl_is_initialized():
+            # Before the engine starts: N tasks that each see a world of 1
+            # would each train alone and exit 0 (keras_ddl.launch_env).
+            from mpi4py import MPI
+            launch_env.check(MPI.COMM_WORLD.Get_size(), build_info().get("mpi", "?"))
         if _horovod_notes is None:  # before the engine reads the DDL_* twins
             _horovod_notes = horovod_env.apply()
         pin = gpus.pinning_enabled()  # a bad DDL_PIN_GPU fails before the engine starts

@@ -83,8 +83,10 @@ def build_parser():
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="comma-separated host[:slots][@rack] list (racks: "
                                               "docs/topology.md)")
-    hosts.add_argument("--hostfile", help="file with one host[:slots][@rack] per line (or a "
-                                          "rack=NAME column)")
+    hosts.add_argument("--hostfile", help="file with one host per line: host[:slots][@rack] "
+                                          "(ours, MPICH's), or 'host slots=N' (Open MPI's, "
+                                          "Horovod's, the MPI Operator's), with an optional "
+                                          "rack=NAME column")
     hosts.add_argument("--host-discovery-script", metavar="PATH",
                        help="executable that prints the hosts available now, one host[:slots] "
                             "per line (horovodrun's contract); run at start and before every "
@@ -298,7 +300,7 @@ def validate(args):
         if not os.path.isfile(args.hostfile):
             raise UsageError(f"--hostfile {args.hostfile} does not exist")
         with open(args.hostfile) as f:
-            items, racks = split_racks(hostfile_items(f), args.hostfile)
+            items, racks = split_racks(hostfile_items(f, args.hostfile), args.hostfile)
         hosts = parse_hosts(items, args.hostfile)
     elif args.host_discovery_script:
         discovery = DiscoveryScript(args.host_discovery_script, args.slots_per_host or 1)

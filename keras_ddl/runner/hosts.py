@@ -1,4 +1,5 @@
-"""ddlrun's host lists: ``-H host[:slots][@rack],...``, a hostfile, and a
+"""ddlrun's host lists: ``-H host[:slots][@rack],...``, a hostfile (ours,
+MPICH's, Open MPI's, Horovod's, or the Kubernetes MPI Operator's), and a
 host discovery script (horovodrun's contract: an executable that prints one
 ``host[:slots]`` per line), parsed into ``[(host, slots)]`` and
 ``{host: rack}``.
@@ -12,6 +13,7 @@ import socket
 import subprocess
 
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
+HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 RACK_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # A discovery script that has not answered in this time is treated as failed.
 DISCOVERY_TIMEOUT_S = 60.0
@@ -42,20 +44,82 @@ def parse_hosts(spec, source, default_slots=1):
     return hosts
 
 
-def hostfile_items(lines):
-    """A hostfile's lines as -H items: 'host[:slots][@rack]', where a line
-    may also give the rack as a column, 'host[:slots] rack=NAME'."""
-    items = []
-    for line in lines:
+def hostfile_items(lines, source):
+    """A hostfile's lines as -H items, 'host[:slots][@rack]'.
+
+    Every format users bring is read, one host per line, ``#`` starting a
+    comment, blank lines skipped:
+
+    - ours and MPICH's / Intel MPI's (Hydra's machinefile): ``host``,
+      ``host:slots``, ``host:slots@rack``;
+    - Open MPI's and Horovod's: ``host slots=N``, with ``max_slots=M`` (or
+      ``max-slots=M``) allowed; ddlrun starts at most ``slots`` ranks on a
+      host, which ``max_slots`` must not be below;
+    - a rack column on any of them: ``rack=NAME``;
+    - the files the Kubernetes MPI Operator (v2beta1) writes: Open MPI's
+      form, ``JOB-worker-0.JOB.NAMESPACE.svc slots=N``, or Hydra's for
+      MPICH and Intel MPI, ``JOB-worker-0.JOB.NAMESPACE.svc:N``.
+
+    Anything else on a line is a UsageError naming ``source``, the line
+    number and the word: a word dropped in silence could change the slots.
+    A host listed twice is one too.
+    """
+    items, first_line = [], {}
+    for number, line in enumerate(lines, 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        item = words[0]
-        for word in words[1:]:
-            if word.startswith("rack="):
-                item += "@" + word[len("rack="):]
+        where = f"{source}:{number}"
+        item = _hostfile_line(words, where)
+        name = item.partition("@")[0].partition(":")[0]
+        if name in first_line:
+            raise UsageError(f"{where}: host '{name}' is listed twice (first on line "
+                             f"{first_line[name]})")
+        first_line[name] = number
         items.append(item)
     return items
+
+
+def _whole_at_least_one(text, what, where):
+    if not re.fullmatch(r"[1-9][0-9]*", text):
+        raise UsageError(f"{where}: {what} '{text}' is not a whole number >= 1")
+    return int(text)
+
+
+def _hostfile_line(words, where):
+    """One hostfile line's words -> 'host[:slots][@rack]' (see hostfile_items)."""
+    host_part, at, rack = words[0].partition("@")
+    name, colon, slots = host_part.partition(":")
+    if not HOST_NAME_PATTERN.match(name):
+        raise UsageError(f"{where}: '{words[0]}' does not start with a host name (letters, "
+                         "digits, '.', '_' or '-')")
+    if colon and not re.fullmatch(r"[1-9][0-9]*", slots):
+        raise UsageError(f"{where}: '{words[0]}' is not host or host:slots (slots >= 1)")
+    max_slots = None
+    for word in words[1:]:
+        key, eq, value = word.partition("=")
+        if eq and key == "slots":
+            if slots:
+                raise UsageError(f"{where}: the slots are given twice ('{words[0]}' and '{word}')")
+            slots = str(_whole_at_least_one(value, "slots=", where))
+        elif eq and key in ("max_slots", "max-slots"):
+            max_slots = _whole_at_least_one(value, f"{key}=", where)
+        elif eq and key == "rack":
+            if rack:
+                raise UsageError(f"{where}: the rack is given twice ('{words[0]}' and '{word}')")
+            rack = value
+        else:
+            raise UsageError(
+                f"{where}: '{word}' is not understood. A hostfile line is 'host', 'host:slots' "
+                "(MPICH, Intel MPI) or 'host slots=N' (Open MPI, Horovod), optionally with "
+                "max_slots=M and rack=NAME")
+    if at or rack:
+        if not RACK_PATTERN.match(rack):
+            raise UsageError(f"{where}: the rack '{rack}' must be a name of letters, digits, "
+                             "'.', '_' or '-'")
+    if max_slots is not None and int(slots or 1) > max_slots:
+        raise UsageError(f"{where}: slots={slots or 1} is more than max_slots={max_slots}")
+    return name + (f":{slots}" if slots else "") + (f"@{rack}" if rack else "")
 
 
 def split_racks(items, source):
@@ -138,7 +202,7 @@ class DiscoveryScript:
         if proc.returncode != 0:
             tail = proc.stderr.strip().splitlines()[-1:] or ["(no output on stderr)"]
             raise UsageError(f"{source} failed with exit code {proc.returncode}: {tail[0]}")
-        items, racks = split_racks(hostfile_items(proc.stdout.splitlines()), source)
+        items, racks = split_racks(hostfile_items(proc.stdout.splitlines(), source), source)
         return parse_hosts(items, source, default_slots=self.slots_per_host), racks
 
 

@@ -2,7 +2,7 @@
 one GPU per local rank (with TensorFlow's GPU list faked: no GPU here), and
 HOROVOD_* settings mapped to DDL_* or named in a warning on rank 0 only.
 Run by tests/test_init_environment_mpi.py under mpiexec -n 2 with
-HOROVOD_* variables set by the test; reports DDLCASE lines like harness.py.
+HOROVOD_* variables and a Slurm step's set by the test; reports DDLCASE lines like harness.py.
 """
 
 import os
@@ -13,7 +13,7 @@ import warnings
 from fake_gpus import FakeGpus
 from harness import report
 
-from keras_ddl.common import basics
+from keras_ddl.common import basics, launch_env
 
 FAKE_GPU_COUNT = 4
 
@@ -58,13 +58,21 @@ def main():
         assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: ignored: DDL_STALL_TIMEOUT_S" in text, text
         assert "HOROVOD_GPU_OPERATIONS: ignored" in text, text
 
+    def launcher_count_agrees_with_world():
+        # init() passed with the launcher check on: the count it believed
+        # is Hydra's, the same as the world's.
+        claim = launch_env.launcher_claim()
+        assert claim is not None and claim[:2] == ("PMI_SIZE", 2), claim
+        assert basics.size() == 2, basics.size()
+
     def one_gpu_per_local_rank():
         expected = f"/physical_device:GPU:{local_rank % FAKE_GPU_COUNT}"
         assert [d.name for d in fake.visible] == [expected], (local_rank, fake.visible)
         assert fake.growth == {expected: True}, fake.growth
 
     for check in (bad_horovod_value_is_named, horovod_settings_mapped,
-                  horovod_warning_on_rank_zero_only, one_gpu_per_local_rank):
+                  horovod_warning_on_rank_zero_only, one_gpu_per_local_rank,
+                  launcher_count_agrees_with_world):
         start = time.time()
         try:
             check()

@@ -1,12 +1,5 @@
 #include "fault_report.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,9 +8,9 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "../common/util.h"
+#include "../transport/probe_socket.h"
 #include "../transport/transport.h"
 #include "liveness.h"
 
@@ -28,8 +21,7 @@ namespace {
 constexpr char kAnswer = 'K';
 
 // Answers every probe with one byte, from a thread of its own, for the
-// life of the process (never stopped: a process ends with it). Blocking
-// accept: it costs nothing while nobody probes.
+// life of the process (never stopped: a process ends with it).
 class Responder {
  public:
   static const Responder& Get() {
@@ -39,64 +31,17 @@ class Responder {
   int port() const { return port_; }
 
  private:
-  Responder() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) return;
-    sockaddr_in any{};
-    any.sin_family = AF_INET;
-    any.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t length = sizeof(any);
-    if (bind(fd_, reinterpret_cast<sockaddr*>(&any), sizeof(any)) != 0 || listen(fd_, 128) != 0 ||
-        getsockname(fd_, reinterpret_cast<sockaddr*>(&any), &length) != 0) {
-      close(fd_);
-      fd_ = -1;
-      return;  // no responder: the other ranks call this one unreachable
-    }
-    port_ = ntohs(any.sin_port);
-    std::thread(&Responder::Serve, fd_).detach();
+  // No port: the other ranks call this one unreachable.
+  Responder() : port_(ServeOnOwnThread(&Responder::Serve)) {}
+
+  static void Serve(int client) {
+    // The answer byte, then what this process's ranks are doing (one
+    // line per rank and process set; liveness.h), then the end.
+    SendAll(client, kAnswer + ActivityBoard::Get().Describe());
   }
 
-  static void Serve(int listener) {
-    for (;;) {
-      const int client = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (client < 0) {
-        // Out of descriptors, say: try again later rather than spin.
-        if (errno != EINTR && errno != ECONNABORTED) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
-        continue;
-      }
-      // The answer byte, then what this process's ranks are doing (one
-      // line per rank and process set; liveness.h), then the end.
-      const std::string answer = kAnswer + ActivityBoard::Get().Describe();
-      size_t sent = 0;
-      while (sent < answer.size()) {
-        const ssize_t n = send(client, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
-        if (n <= 0 && errno != EINTR) break;
-        if (n > 0) sent += static_cast<size_t>(n);
-      }
-      close(client);
-    }
-  }
-
-  int fd_ = -1;
   int port_ = 0;
 };
-
-std::vector<std::string> OwnAddresses() {
-  std::vector<std::string> found;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return found;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
-    char text[INET_ADDRSTRLEN];
-    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) found.push_back(text);
-  }
-  freeifaddrs(list);
-  return found;
-}
 
 std::string Encode(const PeerIdentity& p) {
   std::string addresses;
@@ -191,24 +136,6 @@ void ReadActivity(const std::string& answer, int set, std::vector<PeerView>* vie
       v.moved = moved;
     }
   }
-}
-
-// Starts a connection to address:port; -1 if it failed at once (then
-// `refused` says whether the host said no).
-int StartConnect(const std::string& address, int port, bool* refused) {
-  *refused = false;
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, address.c_str(), &to.sin_addr) != 1) return -1;
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0 || errno == EINPROGRESS) {
-    return fd;
-  }
-  *refused = errno == ECONNREFUSED;
-  close(fd);
-  return -1;
 }
 
 }  // namespace
@@ -328,43 +255,36 @@ std::vector<PeerView> PeerTable::Survey(double patience_s, int set) const {
       process.state = state;
       process.answer = probe.answer;
     }
-    close(probe.fd);
+    CloseSocket(probe.fd);
     probe.fd = -1;
   };
   for (;;) {
-    std::vector<pollfd> waiting;
+    std::vector<SocketWait> waiting;
     std::vector<Probe*> owners;
     for (Probe& probe : probes) {
       if (probe.fd < 0) continue;
-      waiting.push_back({probe.fd, static_cast<short>(probe.connected ? POLLIN : POLLOUT), 0});
+      waiting.push_back({probe.fd, !probe.connected, false});
       owners.push_back(&probe);
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now()).count();
     if (waiting.empty() || left <= 0) break;
-    if (poll(waiting.data(), waiting.size(), static_cast<int>(left)) < 0 && errno != EINTR) break;
+    if (!WaitForSockets(&waiting, static_cast<int>(left))) break;
     for (size_t i = 0; i < waiting.size(); ++i) {
       Probe& probe = *owners[i];
-      if (waiting[i].revents == 0) continue;
+      if (!waiting[i].ready) continue;
       if (!probe.connected) {
-        int error = 0;
-        socklen_t length = sizeof(error);
-        getsockopt(probe.fd, SOL_SOCKET, SO_ERROR, &error, &length);
+        const int error = ConnectError(probe.fd);
         if (error == 0) {
           probe.connected = true;  // the peer's kernel accepted: now wait for the process
         } else {
-          settle(probe, error == ECONNREFUSED ? PeerState::kGone : PeerState::kUnreachable);
+          settle(probe, IsRefusal(error) ? PeerState::kGone : PeerState::kUnreachable);
         }
         continue;
       }
       // The answer byte, then activity lines, until the responder closes.
-      char chunk[4096];
-      const ssize_t got = recv(probe.fd, chunk, sizeof chunk, 0);
-      if (got > 0) {
-        probe.answer.append(chunk, static_cast<size_t>(got));
-        continue;
-      }
-      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      const ReadOutcome read = ReadSome(probe.fd, &probe.answer);
+      if (read != ReadOutcome::kClosed) continue;
       settle(probe, !probe.answer.empty() && probe.answer[0] == kAnswer ? PeerState::kAlive
                                                                          : PeerState::kGone);
     }
