@@ -34,6 +34,7 @@ passed through untouched. The relay ends when either side closes.
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -63,9 +64,11 @@ def start_relay(environ=os.environ):
         return None
     slurm_fd = int(environ["PMI_FD"])
     try:
-        os.fstat(slurm_fd)
+        is_socket = stat.S_ISSOCK(os.fstat(slurm_fd).st_mode)
     except OSError:
-        return None  # not ours to fix: MPI will report the missing socket
+        is_socket = False
+    if not is_socket:
+        return None  # not Slurm's PMI socket: MPI reports what it finds
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     proc = subprocess.Popen(
         [sys.executable, "-I", os.path.abspath(__file__), str(slurm_fd), str(theirs.fileno())],
