@@ -17,6 +17,13 @@ import os as _os
 # TF_CPU_ALLOCATOR_USE_BFC=false.
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
+# Under ``srun --mpi=pmi2``, MPICH's start-up requests are relayed to Slurm
+# cut to a size Slurm reads whole (common/slurm_pmi.py). Started here, before
+# the script can import mpi4py's MPI (which runs MPI_Init) through us.
+from .common import slurm_pmi as _slurm_pmi  # noqa: E402
+
+_slurm_pmi.start_relay()
+
 from .common.basics import (allreduce_algorithm, cross_rank, cross_size, init,  # noqa: E402
                             is_initialized, local_rank, local_size, rank, shutdown, size,
                             timeline_mark, topology, traffic)

@@ -339,7 +339,7 @@ def build_command(args, env, hosts, agent_address="HOST:PORT", np=None):
     np = args.np if np is None else np
     ranks_run = [sys.executable, "-I", AGENT, agent_address, "--"] + args.command
     if args.launcher == "srun":
-        cmd = ["srun", "-n", str(np)]
+        cmd = ["srun", "-n", str(np), *srun_pmi_option(args.mpi_args)]
         if args.bind_to_core:
             cmd.append("--cpu-bind=cores")
         return cmd + args.mpi_args + ranks_run  # srun exports the caller's environment
@@ -369,6 +369,19 @@ def build_command(args, env, hosts, agent_address="HOST:PORT", np=None):
         if args.iface:
             cmd += ["-iface", args.iface]
     return cmd + args.mpi_args + ranks_run
+
+
+def srun_pmi_option(mpi_args, environ=None):
+    """``--mpi=pmi2`` unless the user chose srun's PMI (``--mpi`` in
+    --mpi-args, or SLURM_MPI_TYPE, which srun reads): without a PMI plugin
+    (Slurm's default MpiDefault=none) every task would start MPI as a world
+    of its own. MPICH speaks PMI-1 to Slurm's pmi2 plugin, and so does
+    Open MPI 4 built with Slurm's libpmi2."""
+    environ = os.environ if environ is None else environ
+    if "SLURM_MPI_TYPE" in environ or any(a == "--mpi" or a.startswith("--mpi=")
+                                           for a in mpi_args):
+        return []
+    return ["--mpi=pmi2"]
 
 
 def interface_address(name):

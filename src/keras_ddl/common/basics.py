@@ -13,6 +13,8 @@ import os
 import re
 import threading
 
+from . import slurm_pmi
+
 # The build puts its outputs in the package's top directory, one above this.
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE_LIBRARY = os.path.join(_HERE, "libddl_core.so")
@@ -50,6 +52,8 @@ def _load_core():
     if _core is not None:
         return _core
     info = build_info()
+    # Under srun --mpi=pmi2, MPICH's requests must fit what Slurm reads at once.
+    slurm_pmi.start_relay()
     from mpi4py import MPI  # initialises MPI before the core touches it
 
     try:

@@ -4,6 +4,7 @@ keras_ddl.cluster --help``)."""
 
 from .netns import (MPI_ENV, ClusterError, NetnsCluster, find_mpiexec, missing_requirements,
                     parse_burst, parse_rate)
+from .slurm import SlurmCluster, SlurmError, missing_slurm
 
 __all__ = ["NetnsCluster", "ClusterError", "MPI_ENV", "find_mpiexec", "missing_requirements",
-           "parse_burst", "parse_rate"]
+           "parse_burst", "parse_rate", "SlurmCluster", "SlurmError", "missing_slurm"]

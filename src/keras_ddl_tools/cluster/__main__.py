@@ -9,6 +9,11 @@ bytes each link and uplink carried, and tears the cluster down (also on
 Ctrl-C). With racks, every rank sees its place as Slurm gives it
 (SLURM_TOPOLOGY_ADDR), unless --no-topology. ``clean`` removes clusters left by killed runs.
 
+With --slurm the cluster also runs a real Slurm (keras_ddl_tools/cluster/slurm.py)
+and the command runs on this machine as a Slurm client, for example
+``run --slurm --racks 2 --nodes 2 -- srun -N 4 --mpi=pmi2 python train.py``;
+Slurm's topology/tree plugin then gives every task SLURM_TOPOLOGY_ADDR.
+
 The ranks run with the Python interpreter that runs this command: a bare
 ``python`` or ``python3`` as the command's first word becomes that
 interpreter's path. Building the cluster needs root, and ``sudo`` resets
@@ -22,6 +27,7 @@ import subprocess
 import sys
 
 from .netns import MPI_ENV, ClusterError, NetnsCluster, find_mpiexec, remove_stale_clusters
+from .slurm import SlurmError
 
 
 BARE_PYTHON_NAMES = ("python", "python3")
@@ -65,6 +71,14 @@ def build_parser():
                      help="give each node a /dev/shm of its own of this size (64m, 1g), as a "
                           "container has (Docker's and Kubernetes' default: 64m); default: the "
                           "machine's, shared by the nodes")
+    run.add_argument("--slurm", action="store_true",
+                     help="also run a Slurm on the cluster (munge, slurmctld here, one slurmd "
+                          "per node under its hostname, topology/tree from the racks) and run "
+                          "the command here with SLURM_CONF set, in place of mpiexec: give it "
+                          "srun, sbatch or salloc (needs Debian's slurmd, slurmctld, "
+                          "slurm-client and munge)")
+    run.add_argument("--slurm-cpus", type=int, default=None, metavar="N",
+                     help="with --slurm: CPUs each node declares (default: --ranks-per-node)")
     run.add_argument("command", nargs=argparse.REMAINDER,
                      help="what each rank runs, after --; a bare 'python' or 'python3' as its "
                           "first word runs this interpreter (" + sys.executable + "), also "
@@ -99,17 +113,26 @@ def main(argv=None):
     if not command:
         p.error("run: no command given")
     try:
-        mpiexec = find_mpiexec()
+        mpiexec = None if args.slurm else find_mpiexec()
+        slurm = {"slurm": True, "slurm_cpus": args.slurm_cpus or args.ranks_per_node} \
+            if args.slurm else {}
         with NetnsCluster(args.nodes, args.rate, burst=args.burst, racks=args.racks,
                           uplink=args.uplink, tell_topology=not args.no_topology,
-                          shm=args.shm) as cluster:
-            argv = [mpiexec, *cluster.mpiexec_args(args.ranks_per_node),
-                    "-n", str(cluster.nodes * args.ranks_per_node), *command]
-            print("+", " ".join(argv), flush=True)
+                          shm=args.shm, **slurm) as cluster:
+            if args.slurm:  # the command is the Slurm client: srun, sbatch, salloc ...
+                # srun passes the environment on to the tasks: MPI over TCP,
+                # so that the links carry the traffic, as with mpiexec.
+                argv, env = command, dict(os.environ, **MPI_ENV, **cluster.slurm.env())
+                print(f"+ SLURM_CONF={cluster.slurm.conf}", " ".join(argv), flush=True)
+            else:
+                argv = [mpiexec, *cluster.mpiexec_args(args.ranks_per_node),
+                        "-n", str(cluster.nodes * args.ranks_per_node), *command]
+                env = dict(os.environ, **MPI_ENV)
+                print("+", " ".join(argv), flush=True)
             before = cluster.link_bytes()
             up_before = cluster.uplink_bytes()
             try:
-                code = subprocess.run(argv, env=dict(os.environ, **MPI_ENV)).returncode
+                code = subprocess.run(argv, env=env).returncode
             except KeyboardInterrupt:
                 code = 130
             after = cluster.link_bytes()
@@ -119,7 +142,7 @@ def main(argv=None):
             for r, ((o0, i0), (o1, i1)) in enumerate(zip(up_before, up_after)):
                 print(f"rack{r + 1} uplink: {o1 - o0} bytes out, {i1 - i0} bytes in")
             return code
-    except ClusterError as e:
+    except (ClusterError, SlurmError) as e:
         print(f"keras_ddl.cluster: {e}", file=sys.stderr)
         return 2
 

@@ -34,6 +34,8 @@ import sys
 
 from keras_ddl_tools import rates
 
+from .slurm import SlurmCluster, kill_recorded_daemons
+
 STATE_ROOT = "/run/keras_ddl_cluster"
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 # The launcher's stand-in talks to MPI over TCP through the links; UCX would
@@ -155,7 +157,7 @@ class NetnsCluster:
     give the launcher (``node1`` ...); ``standin`` is the ssh stand-in."""
 
     def __init__(self, nodes, rate="1gbit", name=None, burst=None, racks=1, uplink=None,
-                 tell_topology=True, shm=None):
+                 tell_topology=True, shm=None, slurm=False, slurm_cpus=2):
         """``nodes`` per rack (``racks`` of them; ``nodes`` is the total
         with one rack). ``uplink``: each rack's link to the core, each way
         (default: ``rate``); its token bucket is the default for its rate.
@@ -163,7 +165,8 @@ class NetnsCluster:
         Slurm tells it; False tells nothing, as most jobs run (hosts are
         still listed rack by rack). ``shm``: the size of each node's own
         /dev/shm ("64m", as tmpfs's ``size=``; None: the machine's, shared
-        by every node)."""
+        by every node). ``slurm``: also run a Slurm on the cluster (slurm.py;
+        ``self.slurm`` once up) whose nodes declare ``slurm_cpus`` CPUs."""
         if int(nodes) != nodes or nodes < 1:
             raise ClusterError(f"nodes={nodes!r}: expected a whole number >= 1")
         if int(racks) != racks or racks < 1:
@@ -200,6 +203,7 @@ class NetnsCluster:
         self.addresses = []
         self.bridge_address = None
         self.standin = os.path.join(self.state_dir, "ssh-standin")
+        self.slurm = SlurmCluster(self, slurm_cpus) if slurm else None
         self._old_sigterm = None
         self._is_up = False
 
@@ -216,6 +220,8 @@ class NetnsCluster:
         self._is_up = True
         try:
             self._build()
+            if self.slurm is not None:
+                self.slurm.up()
         except BaseException:
             self.down()
             raise
@@ -257,6 +263,12 @@ class NetnsCluster:
         if not self._is_up:
             return
         self._is_up = False
+        if self.slurm is not None:
+            # Job steps outlive slurmd (slurmstepd runs on its own), and
+            # slurmd waits for them: everything in the nodes goes first.
+            for node in range(self.nodes):
+                self.kill_processes(node)
+            self.slurm.down()
         _teardown(self.name, self.nodes)
         if self._old_sigterm is not None:
             try:
@@ -426,6 +438,13 @@ def _free_subnet(name):
 def _teardown(name, nodes=None):
     state_dir = os.path.join(STATE_ROOT, name)
     namespaces = [ns for ns in _list_namespaces() if ns.startswith(name + "-n")]
+    if kill_recorded_daemons(state_dir):  # and the job steps they left in the nodes
+        for ns in namespaces:
+            for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     for ns in namespaces:
         _run("ip", "netns", "del", ns, check=False)  # removes the veth pair with it
     # Bridges (one, or a core and one per rack) and uplinks: every link

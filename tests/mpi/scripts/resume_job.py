@@ -21,6 +21,12 @@ ACTION   stop=B   raise in the middle of fit when global batch B starts (a
          diewriting=B  rank 0 SIGKILLs itself in the middle of writing the
                   first backup due at global batch B or later
          again    fit twice: the second fit must train nothing
+         hold=B   when global batch B starts (the backups due before on
+                  disk), rank 0 creates WORKDIR/NAME.holding and every rank
+                  waits there for good, for a test to cut a node or cancel
+                  the job; only in a batch job's first run (a run that
+                  Slurm requeued, SLURM_RESTART_COUNT >= 1, goes on)
+         wait=B   the same in every run
 
 Every job fits EPOCHS epochs of STEPS global batches of GLOBAL samples (54
 samples, 6 batches of 9: uneven over 2 ranks) with Dropout, BatchNorm,
@@ -37,6 +43,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -163,6 +170,15 @@ class Faults(keras.callbacks.Callback):
             backup_store._write = write_then_die
 
     def on_train_batch_begin(self, batch, logs=None):
+        first_run = int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0
+        if self.batches == self.at and (self.action == "wait" or
+                                        (self.action == "hold" and first_run)):
+            self.backup._writer.wait()
+            if rank == 0:
+                open(os.path.join(workdir, f"{self.name}.holding"), "w").close()
+            say(f"JOB {self.name} holding at batch {self.batches}")
+            while True:
+                time.sleep(1)
         if self.batches == self.at and self.action in ("stop", "kill"):
             # The fault lands once the last backup is on disk (a fault during
             # a write is the diewriting case).
