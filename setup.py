@@ -39,6 +39,9 @@ CORE_SOURCES = sorted(
     + glob.glob(os.path.join(OPS_DIR, "transport", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "algorithms", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "negotiation", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "topology", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "health", "*.cc"))
+    + glob.glob(os.path.join(OPS_DIR, "tuning", "*.cc"))
     + glob.glob(os.path.join(OPS_DIR, "engine", "*.cc"))
     + [os.path.join(OPS_DIR, "bindings", "c_api.cc")])
 TF_SOURCES = [os.path.join(OPS_DIR, "bindings", "tf_ops.cc")]
@@ -147,7 +150,7 @@ class BuildCustomOps(build_ext):
     def copy_extensions_to_source(self):
         # Editable installs (pip install -e .): the libraries go next to the
         # package's sources, which is where Python then imports them from.
-        package_dir = os.path.join(HERE, "keras_ddl")
+        package_dir = os.path.join(HERE, "src", "keras_ddl")
         for path in getattr(self, "_ddl_outputs", []):
             if os.path.dirname(os.path.abspath(path)) != package_dir:
                 shutil.copy2(path, package_dir)
@@ -176,9 +179,13 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=find_packages(include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
-                                    "keras_ddl_tools.*"]),
-    py_modules=["keras_ddl_launcher"],  # ddlrun's entry point: no TensorFlow import
+    # The src layout: the repository root is not an importable copy of the
+    # package, so tests and tools always import the installed one.
+    package_dir={"": "src"},
+    # keras_ddl_launcher is ddlrun: a package of its own, so that starting
+    # it imports no TensorFlow (keras_ddl's __init__ does).
+    packages=find_packages(where="src", include=["keras_ddl", "keras_ddl.*", "keras_ddl_tools",
+                                                 "keras_ddl_tools.*", "keras_ddl_launcher"]),
     # The sources are compiled by BuildCustomOps; listed as dependencies so
     # a rebuild (pip install -e ., setup.py build_ext) sees what changed.
     ext_modules=[Extension("keras_ddl.ddl_tf_ops", sources=[],
@@ -190,6 +197,6 @@ setup(
     install_requires=["keras>=3.0", "mpi4py>=4.0", "numpy"],
     extras_require={"mpich": ["mpich"], "test": ["pytest"], "study": ["matplotlib"],
                     "gpu": gpu_requirements()},
-    entry_points={"console_scripts": ["ddlrun = keras_ddl_launcher:main"]},
+    entry_points={"console_scripts": ["ddlrun = keras_ddl_launcher.ddlrun:main"]},
     zip_safe=False,
 )

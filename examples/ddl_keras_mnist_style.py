@@ -1,5 +1,5 @@
 """The training of examples/horovod_keras_mnist_style.py written on keras_ddl's
-own API, for comparison (tests/test_horovod_mpi.py checks both end with the
+own API, for comparison (tests/mpi/test_horovod_mpi.py checks both end with the
 same weights).
 
     mpiexec -n 2 python examples/ddl_keras_mnist_style.py OUT_DIR

@@ -18,7 +18,7 @@ porting guide, docs/horovod_porting.md, walks through each):
    and feeds an endless shuffled ``tf.data`` pipeline with
    ``steps_per_epoch=500 // hvd.size()``; here 512 generated 8x8 images, each
    rank fitting its own shard as numpy arrays (no download, and deterministic,
-   so tests/test_horovod_mpi.py can compare weights bitwise). Not a porting change.
+   so tests/mpi/test_horovod_mpi.py can compare weights bitwise). Not a porting change.
 4. The model: two small layers instead of Horovod's 32/64-filter convolutions
    with dropout, 2 epochs instead of 24, batch 16 instead of 128, base rate
    0.002 instead of 0.001, 1 warmup epoch instead of 3: to train in seconds on
@@ -39,7 +39,7 @@ backward_passes_per_step=1, average_aggregated_gradients=True)``, the three
 Horovod callbacks, rank-0 checkpoints and logs, and Horovod's GPU-pinning lines
 (``ddl.init()`` already pins one GPU per local rank; these lines then agree with
 it). examples/ddl_keras_mnist_style.py is the same training on keras_ddl's own
-API; tests/test_horovod_mpi.py checks that both end with the same weights.
+API; tests/mpi/test_horovod_mpi.py checks that both end with the same weights.
 """
 
 import argparse

@@ -1,5 +1,5 @@
 """Reading the one diagnosis every live rank prints when a collective fails
-(custom_ops/engine/fault_report.h), whatever the phase the fault hit."""
+(custom_ops/health/fault_report.h), whatever the phase the fault hit."""
 
 import collections
 import re

@@ -140,7 +140,7 @@ bool NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataTyp
     RackGridAllreduce(grid_, sent, count, wire, cross_op, RackSlicePieceBytes(wire_bytes),
                       choice_);
   } else {
-    ChooseAllreduce(cross_->size(), wire_bytes, choice_, shape_)
+    FlatAlgorithm(ChooseAllreduce(cross_->size(), wire_bytes, choice_, shape_))
         .run(*cross_, sent, count, wire, cross_op);
   }
   if (wire != dtype) Convert(mine, dtype, sent, wire, count);

@@ -226,7 +226,6 @@ class GatherRound {
 void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64_t count,
                          DataType dtype, ReduceOp op, bool half_uplinks) {
   const int n = all.size();
-  const int me = all.rank();
   if (n == 1 || count == 0) return;
   const size_t elem = DataTypeSize(dtype);
   const size_t bytes = static_cast<size_t>(count) * elem;
@@ -234,23 +233,7 @@ void RackOrderedExchange(Transport& all, int nodes_per_rack, void* buffer, int64
   // `buffer` until they complete); one more part for a rack's partial sum.
   std::vector<char> parts(static_cast<size_t>(n + 1) * bytes);
   auto part = [&](int r) { return parts.data() + static_cast<size_t>(r) * bytes; };
-  // Whole elements of at most the transport's largest message each.
-  const size_t piece = std::max(elem, all.MaxMessageBytes() / elem * elem);
-  std::vector<Transport::Handle> handles;
-  for (size_t offset = 0; offset < bytes; offset += piece) {
-    const size_t m = std::min(piece, bytes - offset);
-    for (int p = 0; p < n; ++p) {
-      if (p != me) handles.push_back(all.Irecv(part(p) + offset, m, p, kTagRackExchange));
-    }
-    for (int p = 0; p < n; ++p) {
-      if (p != me) {
-        handles.push_back(
-            all.Isend(static_cast<const char*>(buffer) + offset, m, p, kTagRackExchange));
-      }
-    }
-  }
-  std::memcpy(part(me), buffer, bytes);
-  for (Transport::Handle h : handles) all.Wait(h);
+  ExchangeBuffers(all, buffer, bytes, elem, parts.data(), kTagRackExchange);
   const ReduceOp sum_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   // Rack r's nodes are ranks [r x N, (r + 1) x N): their partial in node
   // order, then folded into the total in rack order.

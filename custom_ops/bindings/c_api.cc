@@ -1,6 +1,7 @@
 // extern "C" entry points for bindings that cannot use C++ (Python's ctypes
 // uses these for init/shutdown/topology and for tests of the kernels).
 #include <algorithm>
+#include <iterator>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -31,11 +32,13 @@ auto Guarded(Body body) -> decltype(body()) {
   return static_cast<decltype(body())>(-2);
 }
 
+// One field of this rank's place in process set `set`, or -1 when it has
+// none (not initialised, no such set, not a member).
 template <typename Field>
-int Query(Field field) {
+int Query(Field field, int set = 0) {
   return Guarded([&] {
-    auto engine = ddl::CurrentEngine();
-    return engine ? field(engine->context()) : -1;
+    ddl::Placement p;
+    return ddl::PlacementIn(set, &p) ? field(p) : -1;
   });
 }
 
@@ -50,40 +53,6 @@ int CopyOut(const std::string& text, char* out, int capacity) {
   return static_cast<int>(text.size());
 }
 
-// The racks the ranks agreed on, as ddl_topology's JSON.
-std::string TopologyJson(const ddl::Context& c) {
-  const ddl::Topology& t = c.topology;
-  auto quoted = [](const std::string& s) {
-    std::string q = "\"";
-    for (char ch : s) {
-      if (ch == '"' || ch == '\\') q += '\\';
-      if (static_cast<unsigned char>(ch) >= 0x20) q += ch;
-    }
-    return q + "\"";
-  };
-  auto ints = [](const std::vector<int>& v) {
-    std::string a = "[";
-    for (size_t i = 0; i < v.size(); ++i) a += (i ? ", " : "") + std::to_string(v[i]);
-    return a + "]";
-  };
-  std::string names = "[";
-  for (size_t i = 0; i < t.racks.size(); ++i) names += (i ? ", " : "") + quoted(t.racks[i]);
-  names += "]";
-  std::string schedule;
-  const std::string description = c.DescribeNetwork(&schedule);
-  return "{\"racks\": " + names + ", \"rack_of_rank\": " + ints(t.rack_of_rank) +
-         ", \"node_of_rank\": " + ints(t.node_of_rank) +
-         ", \"nodes_per_rack\": " + std::to_string(t.nodes_per_rack) +
-         ", \"source\": " + quoted(t.source) + ", \"used\": " + (c.racks ? "true" : "false") +
-         ", \"probe_seconds\": " + std::to_string(t.probe_seconds) +
-         ", \"probe_verdict\": " + quoted(t.probe_verdict) +
-         ", \"probe_confirmed\": " + (t.probe_confirmed ? "true" : "false") +
-         ", \"probe_checks\": " + quoted(t.probe_checks) +
-         ", \"probed_by_default\": " + (t.probed_by_default ? "true" : "false") +
-         ", \"schedule\": " + quoted(schedule) + ", \"description\": " + quoted(description) +
-         "}";
-}
-
 }  // namespace
 
 extern "C" {
@@ -96,23 +65,19 @@ int ddl_shutdown() {
     return 0;
   });
 }
-int ddl_is_initialized() { return Guarded([] { return ddl::CurrentEngine() ? 1 : 0; }); }
-int ddl_peer_failure_seen() { return ddl::Engine::PeerFailureSeen() ? 1 : 0; }
+int ddl_is_initialized() { return Guarded([] { return ddl::Initialized() ? 1 : 0; }); }
+int ddl_peer_failure_seen() { return ddl::PeerFailureSeen() ? 1 : 0; }
 const char* ddl_last_error() { return last_error.c_str(); }
 
-int ddl_rank() { return Query([](const ddl::Context& c) { return c.rank; }); }
-int ddl_size() { return Query([](const ddl::Context& c) { return c.size; }); }
-int ddl_local_rank() { return Query([](const ddl::Context& c) { return c.local_rank; }); }
-int ddl_local_size() { return Query([](const ddl::Context& c) { return c.local_size; }); }
-int ddl_cross_rank() { return Query([](const ddl::Context& c) { return c.cross_rank; }); }
-int ddl_cross_size() { return Query([](const ddl::Context& c) { return c.cross_size; }); }
+int ddl_rank() { return Query([](const ddl::Placement& p) { return p.rank; }); }
+int ddl_size() { return Query([](const ddl::Placement& p) { return p.size; }); }
+int ddl_local_rank() { return Query([](const ddl::Placement& p) { return p.local_rank; }); }
+int ddl_local_size() { return Query([](const ddl::Placement& p) { return p.local_size; }); }
+int ddl_cross_rank() { return Query([](const ddl::Placement& p) { return p.cross_rank; }); }
+int ddl_cross_size() { return Query([](const ddl::Placement& p) { return p.cross_size; }); }
 // 0 = flat ring over MPI, 1 = one node's shared memory, 2 = hierarchical,
 // 3 = racks (the rack allreduce across nodes, shared memory inside them).
-int ddl_allreduce_algorithm() {
-  return Query([](const ddl::Context& c) {
-    return c.racks ? 3 : c.node_memory ? (c.hierarchical ? 2 : 1) : 0;
-  });
-}
+int ddl_allreduce_algorithm() { return Guarded([] { return ddl::AllreducePath(); }); }
 
 // The racks the ranks agreed on, as JSON: {"racks": [names], "rack_of_rank":
 // [...], "node_of_rank": [...], "nodes_per_rack": N, "source": "...",
@@ -124,8 +89,8 @@ int ddl_allreduce_algorithm() {
 // returns the full length, or -1 when not initialised.
 int ddl_topology(char* out, int capacity) {
   return Guarded([&] {
-    auto engine = ddl::CurrentEngine();
-    return engine ? CopyOut(TopologyJson(engine->context()), out, capacity) : -1;
+    std::string json;
+    return ddl::TopologyJson(&json) ? CopyOut(json, out, capacity) : -1;
   });
 }
 
@@ -148,28 +113,18 @@ int ddl_add_process_set(const int* ranks, int n, int* id) {
 // This rank's rank in process set `id`, and the set's size; -1 when this
 // rank is not a member or the set does not exist.
 int ddl_process_set_rank(int id) {
-  return Guarded([id] {
-    std::string why;
-    auto engine = ddl::EngineOf(id, &why);
-    return engine ? engine->context().rank : -1;
-  });
+  return Query([](const ddl::Placement& p) { return p.rank; }, id);
 }
 int ddl_process_set_size(int id) {
-  return Guarded([id] {
-    std::string why;
-    auto engine = ddl::EngineOf(id, &why);
-    return engine ? engine->context().size : -1;
-  });
+  return Query([](const ddl::Placement& p) { return p.size; }, id);
 }
 
 // Adds a marker to rank 0's timeline (no-op elsewhere or without one).
 int ddl_timeline_mark(const char* label) {
   return Guarded([label] {
-    auto engine = ddl::CurrentEngine();
-    if (!engine) return -1;
+    if (!ddl::Initialized()) return -1;
     if (label == nullptr) return -3;
-    if (engine->context().timeline) engine->context().timeline->Marker(label);
-    return 0;
+    return ddl::MarkTimeline(label) ? 0 : -1;
   });
 }
 
@@ -180,14 +135,11 @@ int ddl_timeline_mark(const char* label) {
 int ddl_traffic(uint64_t* out) {
   return Guarded([out] {
     if (out == nullptr) return -3;
-    auto engine = ddl::CurrentEngine();
-    if (!engine) return -1;
-    out[0] = engine->traffic().intra_node_bytes.load();
-    out[1] = engine->traffic().cross_node_bytes.load();
-    out[2] = engine->traffic().flat_bytes.load();
-    out[3] = engine->traffic().shared_output_bytes.load();
-    out[4] = engine->traffic().alltoall_bytes.load();
-    out[5] = engine->traffic().rack_bytes.load();
+    ddl::TrafficTotals t;
+    if (!ddl::Traffic(&t)) return -1;
+    const uint64_t by_path[] = {t.intra_node, t.cross_node, t.flat, t.shared_output, t.alltoall,
+                                t.racks};
+    std::copy(std::begin(by_path), std::end(by_path), out);
     return 0;
   });
 }
@@ -198,12 +150,7 @@ int ddl_traffic(uint64_t* out) {
 int ddl_settings_in_force(double* out) {
   return Guarded([out] {
     if (out == nullptr) return -3;
-    auto engine = ddl::CurrentEngine();
-    if (!engine) return -1;
-    const ddl::AutotuneSetting s = engine->settings();
-    out[0] = s.fusion_threshold_mb;
-    out[1] = s.cycle_time_ms;
-    return 0;
+    return ddl::SettingsInForce(&out[0], &out[1]) ? 0 : -1;
   });
 }
 

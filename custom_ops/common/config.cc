@@ -53,15 +53,15 @@ std::vector<std::string> Words(const char* words) {
   return out;
 }
 
-// One of `words` (space-separated, in the order of Enum's values).
-template <typename Enum>
-Status ReadChoice(const char* var, const char* words, const std::string& expected, Enum* out) {
+// One of `words` (space-separated), kept as the word: the layer that acts
+// on it reads it by name (ChoiceNamed), so the words' order means nothing.
+Status ReadChoice(const char* var, const char* words, const std::string& expected,
+                  std::string* out) {
   const char* value = std::getenv(var);
   if (value == nullptr) return Status::Ok();
-  const std::vector<std::string> choices = Words(words);
-  for (size_t i = 0; i < choices.size(); ++i) {
-    if (choices[i] == value) {
-      *out = static_cast<Enum>(i);
+  for (const std::string& word : Words(words)) {
+    if (word == value) {
+      *out = word;
       return Status::Ok();
     }
   }
@@ -77,11 +77,6 @@ std::string Show(double value, double, double) {
 std::string Show(int value, double low, double) {
   return value < low ? "unset" : std::to_string(value);
 }
-template <typename Enum>
-std::string ShowChoice(const char* words, Enum value) {
-  return Words(words).at(static_cast<size_t>(value));
-}
-
 }  // namespace
 
 Status Config::FromEnvironment(Config* c) {
@@ -110,7 +105,7 @@ std::vector<std::pair<std::string, std::string>> Config::SharedSettings() const 
   if (scope) out.emplace_back(#var, Show(field, low, high));
 #define DDL_WHOLE DDL_NUMBER
 #define DDL_CHOICE(var, field, words, expected, scope) \
-  if (scope) out.emplace_back(#var, ShowChoice(words, field));
+  if (scope) out.emplace_back(#var, field);
 #define DDL_TEXT(var, field, expected, scope) \
   if (scope) out.emplace_back(#var, field);
 #include "settings.def"

@@ -4,6 +4,7 @@
 // this file), the table config.cc and the ddlrun launcher both read.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,19 +13,30 @@
 
 namespace ddl {
 
-enum class AllreduceAlgorithm { kAuto, kFlat, kHierarchical, kRacks };
-// How the engine thread claims its core (engine/thread_priority.h); kAuto
-// is kHigh when the job spans several nodes, kNormal on one.
-enum class EnginePriority { kNormal, kHigh, kAuto };
-// DDL_UPLINK_COMPRESSION: float16 on the rack grid's uplinks (stages B
-// and C of algorithms/rack_allreduce.h) for float32 allreduces. kFp16:
-// every such call; kAuto: a candidate of DDL_AUTOTUNE=1 (none without it).
-enum class UplinkCompression { kNone, kFp16, kAuto };
+// One of a DDL_CHOICE row's words (settings.def) to the enum value of the
+// layer that uses it, by name: `names` is that layer's table of word and
+// value. Reordering a row's words changes nothing; a word the table lacks
+// returns false (the caller reports it), never another value.
+template <typename Enum, size_t N>
+bool ChoiceNamed(const std::pair<const char*, Enum> (&names)[N], const std::string& word,
+                 Enum* out) {
+  for (const auto& [name, value] : names) {
+    if (word == name) {
+      *out = value;
+      return true;
+    }
+  }
+  return false;
+}
 
+// The settings hold a choice as its word (checked against the row's list);
+// the layer that acts on it reads it by name: DDL_ALLREDUCE in
+// topology/choose_allreduce.h, DDL_ENGINE_PRIORITY in
+// engine/thread_priority.h, DDL_UPLINK_COMPRESSION in engine/executor.h.
 struct Config {
   double fusion_threshold_mb = 128.0;  // DDL_FUSION_THRESHOLD_MB, 0 disables fusion
   double cycle_time_ms = 1.0;         // DDL_CYCLE_TIME_MS
-  AllreduceAlgorithm allreduce = AllreduceAlgorithm::kAuto;  // DDL_ALLREDUCE
+  std::string allreduce = "auto";     // DDL_ALLREDUCE
   int local_size = 0;                 // DDL_LOCAL_SIZE, 0 = detect from the machine
   std::string timeline_path;          // DDL_TIMELINE
   double stall_warning_s = 60.0;      // DDL_STALL_WARNING_S
@@ -41,15 +53,15 @@ struct Config {
   double shm_arena_mb = 0.0;
   double peer_timeout_s = 15.0;       // DDL_PEER_TIMEOUT_S, 0 = never: silence => dead peer
   int spin_polls = 50;                // DDL_SPIN_POLLS: busy polls before a wait yields
-  EnginePriority engine_priority = EnginePriority::kAuto;  // DDL_ENGINE_PRIORITY
+  std::string engine_priority = "auto";  // DDL_ENGINE_PRIORITY
   // DDL_AUTOTUNE=1: time the network step's candidates on the first
   // allreduce batches and keep the fastest per size class, then the
-  // fusion threshold and cycle time (engine/autotune.h);
+  // fusion threshold and cycle time (tuning/autotune.h);
   // DDL_AUTOTUNE_STEPS batches per candidate and class, and windows per
   // setting; DDL_AUTOTUNE_CYCLES cycles per window; DDL_AUTOTUNE_FILE:
   // where rank 0 saves the table and finds it again on the next run.
   int autotune = 0;
-  UplinkCompression uplink_compression = UplinkCompression::kNone;  // DDL_UPLINK_COMPRESSION
+  std::string uplink_compression = "none";  // DDL_UPLINK_COMPRESSION
   int autotune_steps = 5;
   int autotune_cycles = 5;
   std::string autotune_file;

@@ -30,7 +30,6 @@ bool IsFloating(DataType dtype) {
          dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
-bool IsValidDataType(int value) { return value >= 0 && value <= 10; }
 bool IsValidReduceOp(int value) { return value >= 0 && value <= 4; }
 
 const char* DataTypeName(DataType dtype) {

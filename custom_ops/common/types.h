@@ -46,7 +46,6 @@ enum class Collective : uint8_t {
 
 size_t DataTypeSize(DataType dtype);
 bool IsFloating(DataType dtype);
-bool IsValidDataType(int value);
 bool IsValidReduceOp(int value);
 const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);

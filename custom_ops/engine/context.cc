@@ -1,6 +1,6 @@
 #include "context.h"
 
-#include "topology_probe.h"
+#include "../topology/topology_probe.h"
 
 #include "../common/util.h"
 
@@ -138,23 +138,16 @@ Status Context::LearnRacks() {
   }
   const int num_racks = topology.num_racks();
   const bool even = topology.nodes_per_rack > 0 && homogeneous;
-  if (config.allreduce == AllreduceAlgorithm::kRacks && !even) {
+  if (allreduce == AllreduceAlgorithm::kRacks && !even) {
     return Status::InvalidArgument(
         "DDL_ALLREDUCE=racks needs as many nodes in every rack and as many ranks on every node; "
         "the job has " + topology.Describe() + (homogeneous ? "" : ", with uneven nodes") +
         "; use DDL_ALLREDUCE=auto" + Where());
   }
-  racks = even && num_racks > 1 &&
-          (config.allreduce == AllreduceAlgorithm::kRacks ||
-           config.allreduce == AllreduceAlgorithm::kAuto);
-  // Nobody described the network, or described racks the rack allreduce
-  // cannot use: auto's large calls take the chain, whose flows per link do
-  // not grow with the nodes (algorithms/allreduce.h). Every rank reached
-  // the same `racks` and `network` from the same topology.
-  if (config.allreduce == AllreduceAlgorithm::kAuto && !racks &&
-      (topology.untold() || num_racks > 1)) {
-    network = NetworkShape::kUnknown;
-  }
+  // Every rank reaches the same `racks` and `network` from the same
+  // topology (topology/choose_allreduce.h says why).
+  racks = UseRacks(allreduce, even, num_racks);
+  network = ShapeOfNetwork(allreduce, racks, topology.untold(), num_racks);
   if (!racks) return Status::Ok();
   const int my_node = topology.node_of_rank[rank];
   const int my_rack = topology.rack_of_rank[rank];
@@ -193,24 +186,30 @@ Status CompareSharedSettings(const Config& mine, ControlPlane& world) {
       "wire); set them identically in every rank's environment" + OnRank(world.WorldRank(world.rank())));
 }
 
-Status Context::ChooseAllreduce() {
-  const AllreduceAlgorithm algo = config.allreduce;
-  bool use_node_memory = false;
-  if (algo == AllreduceAlgorithm::kHierarchical) {
-    if (!homogeneous) {
-      return Status::InvalidArgument(
-          "DDL_ALLREDUCE=hierarchical needs the same number of ranks on every node, but local "
-          "sizes differ; use DDL_ALLREDUCE=flat or auto" + Where());
-    }
-    use_node_memory = true;
-  } else if (algo == AllreduceAlgorithm::kAuto) {
-    // One node with several ranks: shared memory. Several nodes with
-    // several ranks each: hierarchical. One rank per node or uneven nodes:
-    // the flat ring over MPI.
-    use_node_memory = local_size > 1 && homogeneous;
-  } else if (algo == AllreduceAlgorithm::kRacks) {
-    use_node_memory = local_size > 1;  // LearnRacks refused uneven nodes
+Status Context::ReadChoices() {
+  std::string unknown;
+  if (!AllreduceAlgorithmNamed(config.allreduce, &allreduce)) {
+    unknown = "DDL_ALLREDUCE=" + config.allreduce + " (topology/choose_allreduce.cc)";
+  } else if (!EnginePriorityNamed(config.engine_priority, &engine_priority)) {
+    unknown = "DDL_ENGINE_PRIORITY=" + config.engine_priority + " (engine/thread_priority.cc)";
+  } else if (!UplinkCompressionNamed(config.uplink_compression, &uplink_compression)) {
+    unknown = "DDL_UPLINK_COMPRESSION=" + config.uplink_compression +
+              " (topology/choose_allreduce.cc)";
   }
+  // DDL_ENGINE_PRIORITY may differ per rank: agreed, so no rank goes on alone.
+  return AgreeOnOutcome(*world, unknown.empty() ? Status::Ok() : Status::Internal(
+      "keras_ddl was built with a settings table whose word " + unknown +
+      " has no meaning in the core; rebuild from one source tree" + Where()));
+}
+
+Status Context::SetUpNodeMemory() {
+  if (allreduce == AllreduceAlgorithm::kHierarchical && !homogeneous) {
+    return Status::InvalidArgument(
+        "DDL_ALLREDUCE=hierarchical needs the same number of ranks on every node, but local "
+        "sizes differ; use DDL_ALLREDUCE=flat or auto" + Where());
+  }
+  // With racks LearnRacks refused uneven nodes.
+  const bool use_node_memory = UseNodeMemory(allreduce, local_size, homogeneous);
   if (!use_node_memory) return Status::Ok();
   // Ranks grouped by DDL_LOCAL_SIZE must really share memory. Checked per
   // node, agreed by the world: every rank fails together.
@@ -353,7 +352,7 @@ std::string Context::DescribeNetwork(std::string* schedule) const {
     how = probe +
           (topology.source.empty() ? "no topology given: " + std::to_string(nodes) + " nodes"
                                    : topology.Describe()) +
-          (nodes == 2 ? "" : config.allreduce == AllreduceAlgorithm::kAuto ? ""
+          (nodes == 2 ? "" : allreduce == AllreduceAlgorithm::kAuto ? ""
                              : " (DDL_ALLREDUCE asks for the one-switch schedules)") +
           ": large allreduces across nodes take the pairwise reduce-scatter and ring "
           "all-gather (PAIRWISE_RING_ALLREDUCE)";
@@ -401,6 +400,8 @@ Status Context::Build(std::unique_ptr<Group> base) {
   world->SetPeerTimeout(config.peer_timeout_s);
   world->SetSpinPolls(config.spin_polls);
   try {
+    Status read = ReadChoices();
+    if (!read.ok()) return read;
     // Nodes are cut by world rank, so a process set's node groups are the
     // job's nodes restricted to the set.
     local = config.local_size > 0 ? world->Split(world_rank / config.local_size, rank)
@@ -425,7 +426,7 @@ Status Context::Build(std::unique_ptr<Group> base) {
     for (Group* g : {world.get(), local.get(), cross.get()}) g->SetLiveness(judge.get());
     Status s = LearnRacks();
     if (!s.ok()) return s;
-    return ChooseAllreduce();
+    return SetUpNodeMemory();
   } catch (const TransportError& e) {
     return Status::Internal(std::string("setting up the groups of ranks failed: ") + e.what() +
                             Where());

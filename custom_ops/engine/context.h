@@ -12,10 +12,11 @@
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
 #include "../common/config.h"
-#include "fault_report.h"
-#include "liveness.h"
+#include "../health/fault_report.h"
+#include "../health/liveness.h"
+#include "thread_priority.h"
 #include "timeline.h"
-#include "topology.h"
+#include "../topology/topology.h"
 #include "../common/types.h"
 
 namespace ddl {
@@ -42,6 +43,11 @@ struct Context {
   int cross_size = 1;
   bool homogeneous = true;  // every node has local_size ranks
   Config config;
+  // config's choice words, read by name (ReadChoices) by the layers that
+  // act on them.
+  AllreduceAlgorithm allreduce = AllreduceAlgorithm::kAuto;
+  EnginePriority engine_priority = EnginePriority::kAuto;
+  UplinkCompression uplink_compression = UplinkCompression::kNone;
   std::unique_ptr<Group> world;  // negotiation and flat algorithms
   std::unique_ptr<Group> local;  // ranks of this node
   std::unique_ptr<Group> cross;  // ranks with this local_rank on every node
@@ -59,7 +65,7 @@ struct Context {
   std::unique_ptr<Group> rack_all, rack_row, rack_column;
   bool racks = false;
   // What the flat and cross-node steps may assume of the network
-  // (algorithms/allreduce.h): kUnknown with DDL_ALLREDUCE=auto when no
+  // (topology/choose_allreduce.h): kUnknown with DDL_ALLREDUCE=auto when no
   // topology was given (or racks were given that the rack allreduce
   // cannot use), so large calls take the chain; kOneSwitch otherwise.
   NetworkShape network = NetworkShape::kOneSwitch;
@@ -120,8 +126,12 @@ struct Context {
   // Splits `base` into node and cross groups and chooses the allreduce.
   Status Build(std::unique_ptr<Group> base);
   static Status AgreeOnConfig(Context* ctx, ControlPlane& world);
-  // Applies DDL_ALLREDUCE to the topology; sets up node_memory if used.
-  Status ChooseAllreduce();
+  // Reads config's choice words into the fields above; a word settings.def
+  // lists but its layer does not know is an error on every rank.
+  Status ReadChoices();
+  // Sets up node_memory when DDL_ALLREDUCE and the nodes call for it
+  // (UseNodeMemory, topology/choose_allreduce.h).
+  Status SetUpNodeMemory();
   // Learns the racks (every rank of `world` agrees) and, when they are
   // used, splits the rack groups.
   Status LearnRacks();

@@ -410,7 +410,7 @@ void Engine::Loop() {
   // pass keeps the core busy; inside one node the peers write shared
   // memory directly, and prompt wakes only cost the compute context
   // switches (docs/PERFORMANCE.md, "Engine thread priority").
-  EnginePriority priority = ctx_->config.engine_priority;
+  EnginePriority priority = ctx_->engine_priority;
   if (priority == EnginePriority::kAuto) {
     priority = ctx_->size > ctx_->local_size ? EnginePriority::kHigh : EnginePriority::kNormal;
   }

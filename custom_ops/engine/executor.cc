@@ -68,7 +68,7 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
     // DDL_UPLINK_COMPRESSION=auto: the sized pipeline with fp16 uplinks
     // too (float32 batches; others run it plain). With =fp16 every
     // candidate already sends fp16 there.
-    if (ctx.config.uplink_compression == UplinkCompression::kAuto) {
+    if (ctx.uplink_compression == UplinkCompression::kAuto) {
       candidates.push_back({"RACK_ALLREDUCE_SIZED_FP16UP", NetworkChoice::kRackPipelineSizedFp16Up});
     }
   } else if (ctx.node_memory ? ctx.hierarchical : ctx.size > 1) {
@@ -94,7 +94,7 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
       " racks=" + std::to_string(ctx.racks ? ctx.topology.num_racks() : 1) + " step=" + step +
       // A table measured with fp16 uplinks on every call is not reused
       // without them, nor the other way round.
-      (step == "racks" && ctx.config.uplink_compression == UplinkCompression::kFp16
+      (step == "racks" && ctx.uplink_compression == UplinkCompression::kFp16
            ? " uplinks=fp16" : "");
   auto tuner = std::make_unique<Autotuner>(*ctx.world, std::move(candidates),
                                            ctx.config.autotune_steps, step, shape,
@@ -364,8 +364,8 @@ void Executor::FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
     phases->emplace_back(name, seconds_since(t));
     traffic_.rack_bytes += count * wire_elem;
   } else {
-    const TransportAllreduce& algorithm =
-        ChooseAllreduce(ctx_.size, count * wire_elem, network_choice_, ctx_.network);
+    const TransportAllreduce& algorithm = FlatAlgorithm(
+        ChooseAllreduce(ctx_.size, count * wire_elem, network_choice_, ctx_.network));
     algorithm.run(*ctx_.world, buffer, count, wire, op);
     phases->emplace_back(algorithm.name, seconds_since(t));
     traffic_.flat_bytes += count * wire_elem;

@@ -10,7 +10,7 @@
 
 #include "../algorithms/node_allreduce.h"
 #include "../algorithms/shared_output_allreduce.h"
-#include "autotune.h"
+#include "../tuning/autotune.h"
 #include "context.h"
 #include "work.h"
 
@@ -53,7 +53,7 @@ class Executor {
   // DDL_UPLINK_COMPRESSION=fp16: every float32 call of the rack grid
   // sends fp16 on the uplinks (=auto leaves it to the autotuner).
   bool UplinksInHalf() const {
-    return ctx_.config.uplink_compression == UplinkCompression::kFp16;
+    return ctx_.uplink_compression == UplinkCompression::kFp16;
   }
 
   Context& ctx_;

@@ -1,9 +1,11 @@
 #include "runtime.h"
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 
 #include "../transport/world.h"
+#include "engine.h"
 #include "set_setup.h"
 
 namespace ddl {
@@ -19,6 +21,68 @@ std::vector<std::shared_ptr<Engine>>& Engines() {
   static std::vector<std::shared_ptr<Engine>> engines;
   return engines;
 }
+
+// The running global engine, or null. Shared so an op racing Shutdown
+// stays valid.
+std::shared_ptr<Engine> CurrentEngine() {
+  std::lock_guard<std::mutex> lock(RuntimeMutex());
+  return Engines().empty() ? nullptr : Engines()[0];
+}
+
+// The engine of process set `id` on this rank: null with *why set when
+// the set does not exist or this rank is not a member.
+std::shared_ptr<Engine> EngineOf(int id, std::string* why) {
+  std::lock_guard<std::mutex> lock(RuntimeMutex());
+  if (Engines().empty() || !Engines()[0]) {
+    *why = "keras_ddl is not initialized (or was shut down): call keras_ddl.init() first";
+    return nullptr;
+  }
+  if (id < 0 || id >= static_cast<int>(Engines().size())) {
+    *why = "process set " + std::to_string(id) + " does not exist" + Engines()[0]->context().Where();
+    return nullptr;
+  }
+  if (!Engines()[id]) {
+    *why = "this rank is not a member of process set " + std::to_string(id) +
+           Engines()[0]->context().Where();
+    return nullptr;
+  }
+  return Engines()[id];
+}
+
+// ddl_topology's JSON (bindings/c_api.cc documents its fields).
+std::string DescribeTopology(const Context& c) {
+  const Topology& t = c.topology;
+  auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char ch : s) {
+      if (ch == '"' || ch == '\\') q += '\\';
+      if (static_cast<unsigned char>(ch) >= 0x20) q += ch;
+    }
+    return q + "\"";
+  };
+  auto ints = [](const std::vector<int>& v) {
+    std::string a = "[";
+    for (size_t i = 0; i < v.size(); ++i) a += (i ? ", " : "") + std::to_string(v[i]);
+    return a + "]";
+  };
+  std::string names = "[";
+  for (size_t i = 0; i < t.racks.size(); ++i) names += (i ? ", " : "") + quoted(t.racks[i]);
+  names += "]";
+  std::string schedule;
+  const std::string description = c.DescribeNetwork(&schedule);
+  return "{\"racks\": " + names + ", \"rack_of_rank\": " + ints(t.rack_of_rank) +
+         ", \"node_of_rank\": " + ints(t.node_of_rank) +
+         ", \"nodes_per_rack\": " + std::to_string(t.nodes_per_rack) +
+         ", \"source\": " + quoted(t.source) + ", \"used\": " + (c.racks ? "true" : "false") +
+         ", \"probe_seconds\": " + std::to_string(t.probe_seconds) +
+         ", \"probe_verdict\": " + quoted(t.probe_verdict) +
+         ", \"probe_confirmed\": " + (t.probe_confirmed ? "true" : "false") +
+         ", \"probe_checks\": " + quoted(t.probe_checks) +
+         ", \"probed_by_default\": " + (t.probed_by_default ? "true" : "false") +
+         ", \"schedule\": " + quoted(schedule) + ", \"description\": " + quoted(description) +
+         "}";
+}
+
 }  // namespace
 
 Status Initialize() {
@@ -45,11 +109,6 @@ void Shutdown() {
   for (size_t i = engines.size(); i-- > 0;) {
     if (engines[i]) engines[i]->Shutdown();
   }
-}
-
-std::shared_ptr<Engine> CurrentEngine() {
-  std::lock_guard<std::mutex> lock(RuntimeMutex());
-  return Engines().empty() ? nullptr : Engines()[0];
 }
 
 Status AddProcessSet(const std::vector<int>& ranks, int* id) {
@@ -112,24 +171,6 @@ Status AddProcessSet(const std::vector<int>& ranks, int* id) {
   return Status::Ok();
 }
 
-std::shared_ptr<Engine> EngineOf(int id, std::string* why) {
-  std::lock_guard<std::mutex> lock(RuntimeMutex());
-  if (Engines().empty() || !Engines()[0]) {
-    *why = "keras_ddl is not initialized (or was shut down): call keras_ddl.init() first";
-    return nullptr;
-  }
-  if (id < 0 || id >= static_cast<int>(Engines().size())) {
-    *why = "process set " + std::to_string(id) + " does not exist" + Engines()[0]->context().Where();
-    return nullptr;
-  }
-  if (!Engines()[id]) {
-    *why = "this rank is not a member of process set " + std::to_string(id) +
-           Engines()[0]->context().Where();
-    return nullptr;
-  }
-  return Engines()[id];
-}
-
 void Submit(std::vector<Work> works, int set, bool drive) {
   std::string why;
   std::shared_ptr<Engine> engine = EngineOf(set, &why);
@@ -144,6 +185,58 @@ void Submit(std::vector<Work> works, int set, bool drive) {
   } else {
     engine->Enqueue(std::move(works));
   }
+}
+
+bool Initialized() { return CurrentEngine() != nullptr; }
+
+bool PeerFailureSeen() { return Engine::PeerFailureSeen(); }
+
+bool PlacementIn(int set, Placement* out) {
+  std::string why;
+  std::shared_ptr<Engine> engine = EngineOf(set, &why);
+  if (!engine) return false;
+  const Context& c = engine->context();
+  *out = {c.rank, c.size, c.local_rank, c.local_size, c.cross_rank, c.cross_size};
+  return true;
+}
+
+int AllreducePath() {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  if (!engine) return -1;
+  const Context& c = engine->context();
+  return c.racks ? 3 : c.node_memory ? (c.hierarchical ? 2 : 1) : 0;
+}
+
+bool TopologyJson(std::string* out) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  if (!engine) return false;
+  *out = DescribeTopology(engine->context());
+  return true;
+}
+
+bool MarkTimeline(const std::string& label) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  if (!engine) return false;
+  if (engine->context().timeline) engine->context().timeline->Marker(label);
+  return true;
+}
+
+bool Traffic(TrafficTotals* out) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  if (!engine) return false;
+  const TrafficCounters& t = engine->traffic();
+  *out = {t.intra_node_bytes.load(), t.cross_node_bytes.load(), t.flat_bytes.load(),
+          t.shared_output_bytes.load(), t.alltoall_bytes.load(), t.rack_bytes.load()};
+  return true;
+}
+
+bool SettingsInForce(double* fusion_threshold_mb, double* cycle_time_ms) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  if (!engine) return false;
+  const AutotuneSetting s = engine->settings();
+  *fusion_threshold_mb = s.fusion_threshold_mb;
+  *cycle_time_ms = s.cycle_time_ms;
+  return true;
 }
 
 std::string TransportLibraryVersion() { return WorldLibraryVersion(); }

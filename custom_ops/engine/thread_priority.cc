@@ -7,8 +7,20 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "../common/config.h"
 
 namespace ddl {
+
+bool EnginePriorityNamed(const std::string& word, EnginePriority* out) {
+  static const std::pair<const char*, EnginePriority> kNames[] = {
+      {"normal", EnginePriority::kNormal},
+      {"high", EnginePriority::kHigh},
+      {"auto", EnginePriority::kAuto},
+  };
+  return ChoiceNamed(kNames, word, out);
+}
 
 namespace {
 

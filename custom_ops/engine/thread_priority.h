@@ -7,9 +7,15 @@
 // allreduce beside a busy core took twice its time alone.
 #pragma once
 
-#include "../common/config.h"
+#include <string>
 
 namespace ddl {
+
+// DDL_ENGINE_PRIORITY: how the engine thread claims its core; kAuto is
+// kHigh when the job spans several nodes, kNormal on one.
+enum class EnginePriority { kNormal, kHigh, kAuto };
+// The setting's word by name; false for a word it does not know.
+bool EnginePriorityNamed(const std::string& word, EnginePriority* out);
 
 // Names the calling thread "ddl-engine" (as `top -H` shows it) and, for
 // kHigh (the caller resolves kAuto), asks the kernel to run it promptly when it wakes: nice -10 where

@@ -1,6 +1,7 @@
 #include "message.h"
 
 #include <cstring>
+#include <string>
 #include <sstream>
 #include <stdexcept>
 
@@ -91,7 +92,15 @@ class Reader {
     pos_ += n;
     return s;
   }
-  bool AtEnd() const { return pos_ == bytes_.size(); }
+  // Every decoder ends here: bytes left after the message's last field
+  // mean the sender wrote another format (another keras_ddl build), so the
+  // fields read may be wrong too; refused, not ignored.
+  void ExpectEnd(const char* what) const {
+    if (pos_ == bytes_.size()) return;
+    throw std::runtime_error("negotiation message (" + std::string(what) + ") has " +
+                             std::to_string(bytes_.size() - pos_) + " byte(s) after its end, at " +
+                             std::to_string(pos_) + " of " + std::to_string(bytes_.size()));
+  }
 
  private:
   void Need(size_t n) const {
@@ -144,6 +153,7 @@ std::vector<Request> DecodeRequests(const std::vector<char>& bytes) {
   Reader rd(bytes);
   requests.resize(rd.Get<uint32_t>());
   for (Request& r : requests) r = GetRequest(rd);
+  rd.ExpectEnd("requests");
   return requests;
 }
 
@@ -179,6 +189,7 @@ ResponseList DecodeResponses(const std::vector<char>& bytes) {
   out.fatal = rd.GetString();
   out.stand_ins.resize(rd.Get<uint32_t>());
   for (Request& r : out.stand_ins) r = GetRequest(rd);
+  rd.ExpectEnd("responses");
   return out;
 }
 

@@ -2,7 +2,7 @@
 // two ranks of one group match by tag, so two users of a group must never
 // share one. Algorithms take the 100s, the setup of process sets the
 // 120s. (The failure diagnosis probes over TCP, apart from every group:
-// engine/fault_report.h.)
+// health/fault_report.h.)
 #pragma once
 
 namespace ddl {
@@ -22,6 +22,6 @@ constexpr int kTagRackGather = 114;     // algorithms/rack_allreduce.cc: D, insi
 constexpr int kTagRackExchange = 115;   // algorithms/rack_allreduce.cc: small calls
 constexpr int kTagSetupOffer = 121;     // engine/set_setup.cc: a rank's word to rank 0
 constexpr int kTagSetupVerdict = 122;   // engine/set_setup.cc: rank 0's verdict
-constexpr int kTagProbe = 123;          // engine/topology_probe.cc: the rounds' transfers
+constexpr int kTagProbe = 123;          // topology/topology_probe.cc: the rounds' transfers
 
 }  // namespace ddl

@@ -11,7 +11,7 @@
 // - PeerClock, the peer timeout (DDL_PEER_TIMEOUT_S): it runs from the
 //   wait's last progress, never from its start. When it runs out, the wait
 //   does not give up on its own: it asks a Liveness judge, which knows the
-//   other ranks (engine/liveness.h asks every rank over the fault report's
+//   other ranks (health/liveness.h asks every rank over the fault report's
 //   probe channel). The judge may ask to look again after a short window,
 //   while the wait goes on polling (an MPI transfer moves only while its
 //   ranks poll): a series of judgments that lasts until the wait makes

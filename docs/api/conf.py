@@ -1,6 +1,6 @@
 """Sphinx configuration of keras_ddl's API reference (docs/api/).
 
-Build it from the repository root (tests/test_api_reference.py does, with
+Build it from the repository root (tests/docs/test_api_reference.py does, with
 warnings as errors):
 
     python -m sphinx -W --keep-going -b html docs/api build/api
@@ -20,9 +20,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(HERE, "_ext"))
-# The package from this checkout (its built libraries, or the installed
-# copy it falls back to).
-sys.path.insert(0, REPO)
+# keras_ddl is imported from the installed package (src layout: the
+# checkout's sources have no compiled libraries).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 project = "keras_ddl"

@@ -22,7 +22,7 @@ Prints one table per run (fault, phase hit, time to detection, time lost,
 outcome).
 
 First, a node lost for good (``--lost-node-runs``, each with its own seed):
-three nodes x one rank train tests/mpi/elastic_job.py (a backup every 2
+three nodes x one rank train tests/mpi/scripts/elastic_job.py (a backup every 2
 steps) under ``ddlrun --min-np 2 --max-restarts 2``, and node3's link is
 cut at a random step (one whose last complete backup is within an epoch)
 and never restored. The job
@@ -53,10 +53,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "soak_train.py")
-# The job that loses a node, the suite's own (tests/test_elastic_cluster.py),
+# The job that loses a node, the suite's own (tests/cluster/test_elastic_cluster.py),
 # and its shape.
 LOST_NODE_JOB = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "mpi",
-                             "elastic_job.py")
+                             "scripts", "elastic_job.py")
 LOST_NODE_SAMPLES, LOST_NODE_STEPS_PER_EPOCH = 48, 8
 PEER_TIMEOUT_S = 5
 FAULTS = ["kill9", "cut_link", "sigstop", "slow_link", "full_disk"]

@@ -1,7 +1,7 @@
 """The table of docs/failures.md ("At 64 to 256 ranks"): builds
 tests/core/scale_check.cc against this checkout's core and runs
 `scale_check --table CALLS` RUNS times. Each run is one launch of a results
-file (keras_ddl_tools/results.py): per rank count, the time per call (the
+file (src/keras_ddl_tools/results.py): per rank count, the time per call (the
 run's median over its calls) and the silent node's reports (the median rank
 and the slowest rank). The runs are merged into docs/results/NAME.json, and
 `python -m keras_ddl_tools.render_docs` renders the table from it.
@@ -9,7 +9,7 @@ and the slowest rank). The runs are merged into docs/results/NAME.json, and
     python docs/scripts/scale_table.py [--runs 3] [--calls 7] [--name scale_harness] \
         --conditions "nothing else running; ..."
 
-Needs a C++ compiler (as tests/test_core.py does); run it alone on the
+Needs a C++ compiler (as tests/core/test_core.py does); run it alone on the
 machine, the figures are times.
 """
 
@@ -22,15 +22,15 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "src"))
 from keras_ddl_tools import results  # noqa: E402
 ROW = re.compile(r"^table ranks=(\d+) shape=(\S+) calls=(\d+) call_ms\(median,min,max\)= (\S+) "
                  r"(\S+) (\S+) verdicts=(\d+) verdict_s\(median,min,max\)= (\S+) (\S+) (\S+)$")
 
 
 def build(directory):
-    """scale_check, compiled as tests/test_core.py compiles it."""
-    sys.path.insert(0, os.path.join(REPO, "tests"))
+    """scale_check, compiled as tests/core/test_core.py compiles it."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "core"))
     import test_core
     test_core._objects = test_core.CoreObjects(directory)
     exe = test_core.build("scale_check.cc", test_core.engine_sources(),

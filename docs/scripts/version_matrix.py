@@ -14,9 +14,9 @@ Not part of the default test suite: every version downloads TensorFlow (about
 2. copies the committed source tree (``git archive HEAD``, or --source DIR) and
    builds it in place (``setup.py build_ext --inplace``) with that venv;
 3. runs, on 2 ranks under mpiexec, the case scripts of the collectives
-   (tests/test_collectives_mpi.py), of model.fit with DistributedOptimizer and the
-   callbacks (tests/test_keras_mpi.py) and of DDLStrategy (tests/test_strategy_mpi.py),
-   plus the LARS optimizer's tests (tests/test_lars.py, one process).
+   (tests/mpi/test_collectives_mpi.py), of model.fit with DistributedOptimizer and the
+   callbacks (tests/mpi/test_keras_mpi.py) and of DDLStrategy (tests/mpi/test_strategy_mpi.py),
+   plus the LARS optimizer's tests (tests/unit/test_lars.py, one process).
 
 It prints one table row per version (installed TensorFlow, Keras, build,
 tests passed / run) and, with --write FILE, replaces the table between the
@@ -38,9 +38,9 @@ import xml.etree.ElementTree as ElementTree
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_VERSIONS = "2.16,2.17,2.18,2.19,2.20,2.21"
 # The smoke tests: 2-rank cases of these files, and the optimizer's own tests.
-MPI_TEST_FILES = ("tests/test_collectives_mpi.py", "tests/test_keras_mpi.py",
-                  "tests/test_strategy_mpi.py")
-SINGLE_TEST_FILES = ("tests/test_lars.py",)
+MPI_TEST_FILES = ("tests/mpi/test_collectives_mpi.py", "tests/mpi/test_keras_mpi.py",
+                  "tests/mpi/test_strategy_mpi.py")
+SINGLE_TEST_FILES = ("tests/unit/test_lars.py",)
 PACKAGES = ("mpi4py>=4.0", "mpich", "numpy", "pytest")
 MARK_BEGIN, MARK_END = "<!-- version-matrix -->", "<!-- /version-matrix -->"
 

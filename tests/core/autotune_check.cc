@@ -1,4 +1,4 @@
-// DDL_AUTOTUNE (custom_ops/engine/autotune.h) with threads as ranks
+// DDL_AUTOTUNE (custom_ops/tuning/autotune.h) with threads as ranks
 // (tests/core/in_process.h). A hook replaces the measured times by
 // injected ones, so the decision is known in advance:
 //   decide   - 2 and 3 ranks: the slowest rank's time per sample and the
@@ -45,7 +45,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "engine/autotune.h"
+#include "tuning/autotune.h"
 #include "engine/engine.h"
 #include "in_process.h"
 

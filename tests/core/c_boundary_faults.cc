@@ -1,4 +1,4 @@
-// Faults at the core's C boundary, for tests/test_single_process.py: a
+// Faults at the core's C boundary, for tests/unit/test_single_process.py: a
 // library preloaded (LD_PRELOAD) into the Python process that loads the
 // core, standing in front of two MPI calls and of operator new.
 //

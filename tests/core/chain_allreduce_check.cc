@@ -204,7 +204,7 @@ void CheckAbsentRankTimesOut(int n, int absent) {
 
 void CheckRule() {
   const auto name = [](int ranks, size_t bytes, NetworkChoice c, NetworkShape s) {
-    return std::string(ChooseAllreduce(ranks, bytes, c, s).name);
+    return std::string(FlatAlgorithm(ChooseAllreduce(ranks, bytes, c, s)).name);
   };
   const NetworkChoice kAuto = NetworkChoice::kAuto;
   const NetworkShape kUnknown = NetworkShape::kUnknown, kOne = NetworkShape::kOneSwitch;

@@ -1,6 +1,6 @@
 // Counting checks for the core's test programs: each failed expectation
 // prints one line; Summary prints "<N> checks, <F> failures" (what
-// tests/test_core.py reads) and gives the exit code.
+// tests/core/test_core.py reads) and gives the exit code.
 #pragma once
 
 #include <chrono>

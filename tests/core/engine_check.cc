@@ -603,12 +603,12 @@ void SharedSettingsAreCompared() {
   auto three = compare(3, [](int r, Config* c) {
     if (r == 2) {
       c->cache_capacity = 7;
-      c->allreduce = AllreduceAlgorithm::kFlat;
+      c->allreduce = "flat";
       c->local_size = 3;
       c->shm_pool_mb = 0;
     }
     c->timeline_path = "/tmp/trace." + std::to_string(r);  // per rank by nature
-    c->engine_priority = r ? EnginePriority::kHigh : EnginePriority::kNormal;
+    c->engine_priority = r ? "high" : "normal";
   });
   for (int r = 0; r < 3; ++r) {
     const std::string& m = three[r].message();
@@ -625,7 +625,7 @@ void SharedSettingsAreCompared() {
 }
 
 // Run in a private mount namespace whose /dev/shm is a tmpfs of 12 MiB
-// (tests/test_core.py makes it): 2 nodes x 2 local ranks, hierarchical, so
+// (tests/core/test_core.py makes it): 2 nodes x 2 local ranks, hierarchical, so
 // each node's staging area is 4 slots of 1 MiB per rank, 8 MiB and a page.
 // The area is committed at set-up, so the node that finds no room fails
 // there, and every rank of the job fails with that one error (before: all
@@ -673,6 +673,74 @@ void SmallDevShm() {
   });
 }
 
+// Every word of every DDL_CHOICE row of settings.def means, to the layer
+// that acts on it, the value of the same name: choices are read by name,
+// so reordering a row's words changes nothing, and a word a layer does
+// not know fails here (and at start-up on every rank), never another value.
+void ChoiceWordsAreReadByName() {
+  auto words = [](const char* list) {
+    std::vector<std::string> out;
+    std::string w;
+    for (const char* c = list;; ++c) {
+      if (*c == ' ' || *c == '\0') {
+        if (!w.empty()) out.push_back(w);
+        w.clear();
+        if (*c == '\0') break;
+      } else {
+        w += *c;
+      }
+    }
+    return out;
+  };
+  // The name each value answers to, as its layer spells it.
+  const std::vector<std::pair<std::string, ddl::AllreduceAlgorithm>> allreduce = {
+      {"auto", ddl::AllreduceAlgorithm::kAuto}, {"flat", ddl::AllreduceAlgorithm::kFlat},
+      {"hierarchical", ddl::AllreduceAlgorithm::kHierarchical},
+      {"racks", ddl::AllreduceAlgorithm::kRacks}};
+  const std::vector<std::pair<std::string, ddl::EnginePriority>> priority = {
+      {"auto", ddl::EnginePriority::kAuto}, {"high", ddl::EnginePriority::kHigh},
+      {"normal", ddl::EnginePriority::kNormal}};
+  const std::vector<std::pair<std::string, ddl::UplinkCompression>> uplinks = {
+      {"none", ddl::UplinkCompression::kNone}, {"fp16", ddl::UplinkCompression::kFp16},
+      {"auto", ddl::UplinkCompression::kAuto}};
+  auto check = [&](const std::string& var, const std::string& word, auto named, const auto& table) {
+    decltype(table.front().second) got{};
+    const bool known = named(word, &got);
+    Expect(known, var + "=" + word + " (settings.def) has no meaning in the core");
+    for (const auto& [name, value] : table) {
+      if (name == word) Expect(known && got == value, var + "=" + word + " reads as another value");
+    }
+  };
+  auto check_row = [&](const std::string& var, const char* list) {
+    for (const std::string& w : words(list)) {
+      if (var == "DDL_ALLREDUCE") {
+        check(var, w, ddl::AllreduceAlgorithmNamed, allreduce);
+      } else if (var == "DDL_ENGINE_PRIORITY") {
+        check(var, w, ddl::EnginePriorityNamed, priority);
+      } else if (var == "DDL_UPLINK_COMPRESSION") {
+        check(var, w, ddl::UplinkCompressionNamed, uplinks);
+      } else {
+        Expect(false, var + ": a choice this check does not know; add it here");
+      }
+    }
+  };
+  int rows = 0;
+#define DDL_NUMBER(var, field, low, high, expected, scope)
+#define DDL_WHOLE(var, field, low, high, expected, scope)
+#define DDL_TEXT(var, field, expected, scope)
+#define DDL_CHOICE(var, field, list, expected, scope) \
+  ++rows;                                             \
+  check_row(#var, list);
+#include "common/settings.def"
+#undef DDL_NUMBER
+#undef DDL_WHOLE
+#undef DDL_TEXT
+#undef DDL_CHOICE
+  Expect(rows == 3, "settings.def has " + std::to_string(rows) + " choice rows, this check 3");
+  ddl::AllreduceAlgorithm unused;
+  Expect(!ddl::AllreduceAlgorithmNamed("ring", &unused), "an unknown word reads as no value");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -693,6 +761,7 @@ int main(int argc, char** argv) {
       {"node-check-fails", NodeGroupCheckFailsOnEveryRank},
       {"backoff", BackoffPastTwoToThe31},
       {"late-table", LateToTheAutotuneTable},
+      {"choice-words", ChoiceWordsAreReadByName},
   };
   if (only == "small-shm") {  // only inside its mount namespace (see SmallDevShm)
     SmallDevShm();

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "negotiation/controller.h"
+#include "negotiation/message.h"
 #include "check.h"
 #include "in_process.h"
 
@@ -342,6 +344,48 @@ void AnAllgatherOverTwoGigabytesIsRefusedOnEveryRank() {
          "allgather over 2 GB: every rank gets the same refusals");
 }
 
+// A message with a byte after its end is refused, naming which message
+// and where it ended, as is one cut short; the same bytes without the
+// extra one decode to what was encoded.
+void TrailingOrMissingBytesAreRefused() {
+  ddl::Request r;
+  r.name = "grad/w";
+  r.rank = 2;
+  r.shape = {3, 4};
+  std::vector<char> requests = ddl::EncodeRequests({r});
+  const std::vector<ddl::Request> back = ddl::DecodeRequests(requests);
+  Expect(back.size() == 1 && back[0].name == "grad/w" && back[0].rank == 2 &&
+             back[0].shape == std::vector<int64_t>{3, 4},
+         "a request decodes to what was encoded");
+  auto refusal = [](auto decode, const std::vector<char>& bytes) -> std::string {
+    try {
+      decode(bytes);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::vector<char> longer = requests;
+  longer.push_back('x');
+  const std::string why = refusal(ddl::DecodeRequests, longer);
+  Expect(why.find("negotiation message (requests)") != std::string::npos &&
+             why.find("1 byte(s) after its end") != std::string::npos,
+         "a request list with a trailing byte is refused, naming it: '" + why + "'");
+  ddl::ResponseList list;
+  list.ready = {"a", "b"};
+  list.fatal = "";
+  std::vector<char> responses = ddl::EncodeResponses(list);
+  Expect(ddl::DecodeResponses(responses).ready == list.ready, "a response list decodes back");
+  responses.push_back('\0');
+  const std::string why2 = refusal(ddl::DecodeResponses, responses);
+  Expect(why2.find("negotiation message (responses)") != std::string::npos &&
+             why2.find("1 byte(s) after its end") != std::string::npos,
+         "a response list with a trailing byte is refused, naming it: '" + why2 + "'");
+  responses.resize(responses.size() - 3);
+  Expect(refusal(ddl::DecodeResponses, responses) == "truncated negotiation message",
+         "a response list cut short is refused as truncated");
+}
+
 int main() {
   OutOfOrderNamesRunInOneOrderThenFromTheCache();
   StaggeredOffersRunWhenTheLastRankArrives();
@@ -352,5 +396,6 @@ int main() {
   ADuplicateNameIsRefusedLocally();
   JoinedRanksStandInUntilEveryRankJoined();
   AnAllgatherOverTwoGigabytesIsRefusedOnEveryRank();
+  TrailingOrMissingBytesAreRefused();
   return ddl_test::Summary();
 }

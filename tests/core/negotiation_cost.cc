@@ -15,7 +15,7 @@
 //   prints one table row per (ranks, tensors, cached/uncached), with the
 //   harness's wall time per cycle (every rank a thread on this machine's
 //   cores: it measures total CPU work, not network latency);
-//   --check: prints "<N> checks, <F> failures" for tests/test_core.py
+//   --check: prints "<N> checks, <F> failures" for tests/core/test_core.py
 //   (exact operation counts, no timing).
 #include <chrono>
 #include <cmath>

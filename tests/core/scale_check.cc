@@ -12,7 +12,7 @@
 //              and that stall together for 1.5 s of every 2 s (longer
 //              than the judge's window, shorter than the timeout): every
 //              call succeeds, bitwise, and takes longer than the timeout
-//              (the judge kept the waits going: engine/liveness.h);
+//              (the judge kept the waits going: health/liveness.h);
 //   silent   - 256 ranks: one node's link passes nothing: every rank fails
 //              its call with the report that a collective hangs (no bytes
 //              move, every rank answers), within a few timeouts;

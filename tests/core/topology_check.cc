@@ -1,9 +1,9 @@
-// Topology detection (engine/topology.h): reading DDL_TOPOLOGY and Slurm's
+// Topology detection (topology/topology.h): reading DDL_TOPOLOGY and Slurm's
 // SLURM_TOPOLOGY_ADDR from a given environment, and the agreement over
 // threads as ranks (tests/core/in_process.h): the racks and nodes every
 // rank ends with, and for ranks that disagree, the same error on every
 // rank naming the ranks and what each saw. DDL_TOPOLOGY=probe
-// (engine/topology_probe.h): the verdict from given rates (racks
+// (topology/topology_probe.h): the verdict from given rates (racks
 // contiguous or interleaved in rank order, uneven, one switch, and the
 // unclear cases), the topology it makes, and the measurement on threads as
 // ranks, whose verdict every rank shares. Prints "<N> checks, <F> failures".
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "check.h"
-#include "engine/topology.h"
-#include "engine/topology_probe.h"
+#include "topology/topology.h"
+#include "topology/topology_probe.h"
 #include "in_process.h"
 
 using namespace ddl;

@@ -1,7 +1,7 @@
 """Sphinx pieces of keras_ddl's API reference:
 
 - ``.. ddlrun-flags::`` lists ddlrun's options from its own argparse parser
-  (keras_ddl.runner.ddlrun.build_parser), so the page is what ``ddlrun
+  (keras_ddl_launcher.ddlrun.build_parser), so the page is what ``ddlrun
   --help`` says;
 - ``.. markdown-table:: PATH`` renders the first table of a Markdown page
   of docs/ (the Horovod differences live in docs/horovod.md, once);
@@ -56,7 +56,7 @@ class DdlrunFlags(SphinxDirective):
     """ddlrun's options, one ``.. option::`` each, from its parser."""
 
     def run(self):
-        from keras_ddl.runner.ddlrun import build_parser
+        from keras_ddl_launcher.ddlrun import build_parser
 
         lines = []
         for action in build_parser()._actions:

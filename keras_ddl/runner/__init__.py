@@ -1,1 +1,0 @@
-"""``ddlrun``: launch a training script on N processes through the MPI launcher."""
