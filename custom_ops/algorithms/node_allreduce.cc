@@ -18,12 +18,13 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
   NodePhaseTimes& t = times ? *times : local_times;
   PhaseClock clock;
   const size_t elem = DataTypeSize(dtype);
-  const SpanWalker walker(spans, elem);
+  const SpanWalker walker(spans, elem, &span_starts_);
   const int64_t chunk_elems = static_cast<int64_t>(arena_.slot_bytes() / elem);
   // Each chunk of at most one slot passes through the four phases; chunks
   // of successive calls continue the count (chunks_done_), as the slots do.
   for (int64_t first = 0; first < walker.total(); first += chunk_elems) {
-    const Chunk c = StartChunk(first, std::min(chunk_elems, walker.total() - first));
+    Chunk& c = chunk_;
+    StartChunk(first, std::min(chunk_elems, walker.total() - first), &c);
     CopyIn(walker, c);
     clock.Lap(t.copy_in);
     char* mine = ReduceOwnSlice(walker, c, dtype, op);
@@ -46,20 +47,25 @@ void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType
   clock.Lap(t.all_gather);
 }
 
-NodeAllreduce::Chunk NodeAllreduce::StartChunk(int64_t first, int64_t count) {
-  Chunk c;
-  c.first = first;
-  c.count = count;
-  c.k = chunks_done_++;
-  c.slot = static_cast<int>(c.k % arena_.slots_per_rank());
+void NodeAllreduce::NextSlot(Chunk* c) {
+  c->k = chunks_done_++;
+  c->slot = static_cast<int>(c->k % arena_.slots_per_rank());
   // The slot last held chunk k - slots; wait until every rank copied it out.
   const uint64_t slots = static_cast<uint64_t>(arena_.slots_per_rank());
-  if (c.k >= slots) arena_.WaitForAll(ShmArena::kConsumed, c.k - slots + 1);
+  if (c->k >= slots) arena_.WaitForAll(ShmArena::kConsumed, c->k - slots + 1);
+}
+
+void NodeAllreduce::StartChunk(int64_t first, int64_t count, Chunk* c) {
+  c->first = first;
+  c->count = count;
+  NextSlot(c);
+  // Even slices, the first count % n one element longer (EvenSegments),
+  // in vectors that keep their capacity from call to call.
   const int n = arena_.size();
-  c.slice = EvenSegments(count, n);
-  c.offset.assign(n + 1, 0);
-  for (int i = 0; i < n; ++i) c.offset[i + 1] = c.offset[i] + c.slice[i];
-  return c;
+  c->slice.assign(n, count / n);
+  for (int i = 0; i < count % n; ++i) c->slice[i] += 1;
+  c->offset.assign(n + 1, 0);
+  for (int i = 0; i < n; ++i) c->offset[i + 1] = c->offset[i] + c->slice[i];
 }
 
 void NodeAllreduce::CopyIn(const SpanWalker& walker, const Chunk& c) {

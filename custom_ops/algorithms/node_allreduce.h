@@ -84,6 +84,17 @@ class NodeAllreduce {
            NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr,
            int divisor = 0);
 
+  // The latency-bound path for a buffer of at most one slot on a single
+  // node (no cross-node step): one pass, whose only wait is for every
+  // local rank's data in its slot; each rank then combines all the slots
+  // itself, in rank order, straight into its outputs (the same bits as
+  // Run's). Average divides by `divisor` (0: the world size).
+  // node_small_allreduce.cc.
+  void RunSmall(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+                NodePhaseTimes* times = nullptr, int divisor = 0);
+  // Whether RunSmall may take `bytes`: one node, and one slot.
+  bool FitsSmall(size_t bytes) const;
+
  private:
   // One chunk of a call: at most one slot, split into one slice per local
   // rank (slice[i] elements at offset[i]), the k-th chunk of the arena.
@@ -93,8 +104,11 @@ class NodeAllreduce {
     int64_t first = 0, count = 0;  // elements of the call's spans
     std::vector<int64_t> slice, offset;
   };
-  // A chunk's phases, in order.
-  Chunk StartChunk(int64_t first, int64_t count);
+  // A chunk's phases, in order. StartChunk fills `c` in place: the engine
+  // keeps one Chunk, so a steady call allocates nothing.
+  void StartChunk(int64_t first, int64_t count, Chunk* c);
+  // The next chunk's number and slot, once that slot is free again.
+  void NextSlot(Chunk* c);
   void CopyIn(const SpanWalker& walker, const Chunk& c);
   // Returns this rank's reduced slice, in its slot.
   char* ReduceOwnSlice(const SpanWalker& walker, const Chunk& c, DataType dtype, ReduceOp op);
@@ -114,6 +128,8 @@ class NodeAllreduce {
   int world_size_;
   TrafficCounters& traffic_;
   uint64_t chunks_done_ = 0;  // same on every local rank: they run the same calls
+  Chunk chunk_;                      // the chunk in flight, reused
+  std::vector<int64_t> span_starts_;  // the walker's storage, reused
   std::vector<char> wire_slice_;  // a slice in the wire dtype, when that differs
 };
 

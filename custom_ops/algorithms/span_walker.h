@@ -24,7 +24,13 @@ struct Span {
 // from a contiguous buffer, reduced, or visited piece by piece.
 class SpanWalker {
  public:
-  SpanWalker(const std::vector<Span>& spans, size_t elem) : spans_(spans), elem_(elem) {
+  // `storage`, if given, holds the spans' starts instead of a vector of
+  // the walker's own: a caller that keeps it across calls of the same
+  // shape allocates nothing on its steady path.
+  SpanWalker(const std::vector<Span>& spans, size_t elem,
+             std::vector<int64_t>* storage = nullptr)
+      : spans_(spans), elem_(elem), starts_(storage ? *storage : own_starts_) {
+    starts_.clear();
     starts_.reserve(spans.size() + 1);
     int64_t total = 0;
     for (const Span& s : spans) {
@@ -33,6 +39,8 @@ class SpanWalker {
     }
     starts_.push_back(total);
   }
+  SpanWalker(const SpanWalker&) = delete;
+  SpanWalker& operator=(const SpanWalker&) = delete;
 
   size_t elem_size() const { return elem_; }
   int64_t total() const { return starts_.back(); }
@@ -81,7 +89,8 @@ class SpanWalker {
  private:
   const std::vector<Span>& spans_;
   size_t elem_;
-  std::vector<int64_t> starts_;
+  std::vector<int64_t> own_starts_;  // unused when the caller gave storage
+  std::vector<int64_t>& starts_;     // starts_[i]: span i's first element; then the total
 };
 
 }  // namespace ddl

@@ -260,7 +260,9 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   Phases phases;
   std::vector<Status> status(batch.size());
   std::vector<std::vector<char>> scratch;
-  if (shared_output_ && total > 0 && !average_of_active &&
+  // A small result is not worth the pool's extra round (its block's
+  // offset is announced to every local rank before the data moves).
+  if (shared_output_ && total > 0 && !average_of_active && !SmallOnNode(total) &&
       IntoSharedResult(batch, &status, &scratch, &phases)) {
     traffic_.shared_output_bytes += total;
   } else if (node_allreduce_) {
@@ -281,12 +283,35 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   for (size_t i = 0; i < batch.size(); ++i) Finish(*batch[i], status[i]);
 }
 
+// Up to this many bytes a batch on one node takes the single pass: one
+// wait instead of the general path's two (three with the result pool), for
+// a combining pass over n slots instead of one slice. Above it the split
+// work wins as the bytes grow; 32 KB is inside the smallest slot (64 KB)
+// and above the 4 KB calls the single pass was measured on
+// (docs/performance-notes/2026-12-07-small-calls.md).
+constexpr size_t kSmallAllreduceBytes = 32 << 10;
+
+bool Executor::SmallOnNode(size_t total) const {
+  return node_allreduce_ && total > 0 && total <= kSmallAllreduceBytes &&
+         node_allreduce_->FitsSmall(total);
+}
+
 void Executor::NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
                                    Phases* phases) {
   // Reads inputs and writes outputs in place: no fusion-buffer copies.
   std::vector<Span> spans;
-  for (Work* w : batch) spans.push_back({w->input, w->output, NumElements(w->shape)});
+  size_t total = 0;
+  for (Work* w : batch) {
+    spans.push_back({w->input, w->output, NumElements(w->shape)});
+    total += Bytes(*w);
+  }
   NodePhaseTimes times;
+  if (SmallOnNode(total)) {
+    node_allreduce_->RunSmall(spans, batch[0]->dtype, op, &times, active);
+    phases->insert(phases->end(), {{"SHM_COPY_IN", times.copy_in},
+                                   {"SHM_SMALL_REDUCE", times.reduce_scatter}});
+    return;
+  }
   node_allreduce_->Run(spans, batch[0]->dtype, batch[0]->wire, op, &times, nullptr, active);
   phases->insert(phases->end(), {{"SHM_COPY_IN", times.copy_in},
                                  {"INTRA_NODE_REDUCE_SCATTER", times.reduce_scatter},

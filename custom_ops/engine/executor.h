@@ -38,6 +38,9 @@ class Executor {
   // shared memory, or the flat algorithm over the world (fusion buffer).
   // `active` divides an Average (the ranks whose data counts).
   void NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, int active, Phases* phases);
+  // Whether a batch of `total` bytes takes the node's single pass
+  // (NodeAllreduce::RunSmall): one node, and small enough.
+  bool SmallOnNode(size_t total) const;
   void FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active, size_t total,
                      Phases* phases);
   void RecordAllreduce(const std::vector<Work*>& batch, size_t total,

@@ -72,6 +72,12 @@ inline WaitPace SetupPace() {
   return {0, 0, std::chrono::microseconds(1000), std::chrono::microseconds(1000)};
 }
 
+// The timer slack (prctl PR_SET_TIMERSLACK) of a thread that naps in a
+// wait, set by its first nap (SharpenNaps): a nap lasts what it asks for,
+// not up to the default 50 us more.
+constexpr unsigned long kNapSlackNs = 1000;
+void SharpenNaps();
+
 class Backoff {
  public:
   // `pauses`: how many this wait has made already (0; a check starts one

@@ -157,6 +157,20 @@ def test_node_shared_memory_allreduce_on_threads_as_ranks(tmp_path):
     assert_no_failures(proc)
 
 
+def test_small_allreduce_steady_path_on_threads_as_ranks(tmp_path):
+    """A 4 KB call on one node, general path and single pass alike,
+    allocates nothing once warm (operator new counted per thread); the
+    single pass gives the general path's bits (rank order, 2 and 3 ranks,
+    Sum / Average / Max, odd lengths, the two paths alternating over a
+    wrapping slot ring), and its wait names a rank that never comes."""
+    proc = build_and_run("small_call_check.cc",
+                         ["algorithms/node_allreduce.cc", "algorithms/node_small_allreduce.cc",
+                          "algorithms/rack_allreduce.cc", "transport/shm_arena.cc",
+                          "transport/node_segment.cc", *ALGORITHMS],
+                         tmp_path)
+    assert_no_failures(proc)
+
+
 def test_rack_allreduce_on_threads_as_ranks(tmp_path):
     """1-3 racks x 1-3 nodes, odd lengths, pieces and messages of a few
     bytes up (a pipeline of many steps) to one piece: every rank's bits

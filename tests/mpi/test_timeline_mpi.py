@@ -9,6 +9,8 @@ import pytest
 # shared result instead of every rank copying all slices out.
 NODE_PHASES = ["NEGOTIATE", "ALLREDUCE", "SHM_COPY_IN", "INTRA_NODE_REDUCE_SCATTER",
                "CROSS_NODE_ALLREDUCE", "INTRA_NODE_WRITE_SHARED_RESULT"]
+# Up to 32 KB on one node: the single pass (NodeAllreduce::RunSmall).
+SMALL_NODE_PHASES = ["NEGOTIATE", "ALLREDUCE", "SHM_COPY_IN", "SHM_SMALL_REDUCE"]
 # Small tensors go in one round of messages (algorithms/allreduce.cc).
 FLAT_PHASES = ["NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "DIRECT_EXCHANGE_ALLREDUCE",
                "MEMCPY_OUT_FUSION_BUFFER"]
@@ -36,7 +38,7 @@ def rows(events):
     return by_row
 
 
-@pytest.mark.parametrize("run, phases", [("auto", NODE_PHASES), ("flat", FLAT_PHASES)])
+@pytest.mark.parametrize("run, phases", [("auto", SMALL_NODE_PHASES), ("flat", FLAT_PHASES)])
 def test_every_reduced_tensor_has_every_phase(timelines, run, phases):
     by_row = rows(timelines[run])
     tensors = [f"{run}.single", f"{run}.group.0", f"{run}.group.1"]
@@ -44,12 +46,19 @@ def test_every_reduced_tensor_has_every_phase(timelines, run, phases):
         seen = [e["name"] for e in by_row[tensor]]
         for phase in phases:
             assert seen.count(phase) == 3, f"{tensor}: {phase} x{seen.count(phase)} in {seen}"
+        assert len(seen) == 3 * len(phases), (tensor, seen)
         for e in by_row[tensor]:
             assert e["dur"] >= 0 and e["ts"] >= 0
     assert [e["name"] for e in by_row[f"{run}.gather"]] == ["NEGOTIATE", "ALLGATHER"]
     assert [e["name"] for e in by_row[f"{run}.bcast"]] == ["NEGOTIATE", "BROADCAST"]
     sizes = {e["args"]["bytes"] for e in by_row[f"{run}.single"] if e["name"] == "ALLREDUCE"}
     assert sizes == {4000, 4004, 4008}
+
+
+def test_node_path_follows_the_size(timelines):
+    # 400 KB on one node: the general path's phases, not the single pass.
+    seen = [e["name"] for e in rows(timelines["auto"])["auto.large"]]
+    assert sorted(seen) == sorted(NODE_PHASES), seen
 
 
 def test_flat_algorithm_follows_the_size(timelines):

@@ -46,6 +46,9 @@ def fit_with_step_marks():
 os.environ["DDL_TIMELINE"] = os.path.join(out_dir, "auto.json")
 ddl.init()
 workload("auto")
+# Above the single pass's 32 KB: the node's general path.
+large = ddl.allreduce(tf.ones([100000]), op=ddl.Sum, name="auto.large")
+assert np.all(large.numpy() == ddl.size())
 fit_with_step_marks()
 ddl.shutdown()
 
