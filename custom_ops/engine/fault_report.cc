@@ -2,8 +2,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,7 +15,9 @@
 #include <sstream>
 #include <thread>
 
+#include "../common/job_secret.h"
 #include "../common/util.h"
+#include "../transport/probe_responder.h"
 #include "../transport/transport.h"
 #include "liveness.h"
 
@@ -27,76 +27,12 @@ namespace {
 
 constexpr char kAnswer = 'K';
 
-// Answers every probe with one byte, from a thread of its own, for the
-// life of the process (never stopped: a process ends with it). Blocking
-// accept: it costs nothing while nobody probes.
-class Responder {
- public:
-  static const Responder& Get() {
-    static const Responder* responder = new Responder();  // lives until the process ends
-    return *responder;
-  }
-  int port() const { return port_; }
+// What this process's responder answers a caller with the job's secret:
+// the answer byte, then what its ranks are doing (one line per rank and
+// process set; liveness.h).
+std::string OwnAnswer() { return kAnswer + ActivityBoard::Get().Describe(); }
 
- private:
-  Responder() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) return;
-    sockaddr_in any{};
-    any.sin_family = AF_INET;
-    any.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t length = sizeof(any);
-    if (bind(fd_, reinterpret_cast<sockaddr*>(&any), sizeof(any)) != 0 || listen(fd_, 128) != 0 ||
-        getsockname(fd_, reinterpret_cast<sockaddr*>(&any), &length) != 0) {
-      close(fd_);
-      fd_ = -1;
-      return;  // no responder: the other ranks call this one unreachable
-    }
-    port_ = ntohs(any.sin_port);
-    std::thread(&Responder::Serve, fd_).detach();
-  }
-
-  static void Serve(int listener) {
-    for (;;) {
-      const int client = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (client < 0) {
-        // Out of descriptors, say: try again later rather than spin.
-        if (errno != EINTR && errno != ECONNABORTED) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
-        continue;
-      }
-      // The answer byte, then what this process's ranks are doing (one
-      // line per rank and process set; liveness.h), then the end.
-      const std::string answer = kAnswer + ActivityBoard::Get().Describe();
-      size_t sent = 0;
-      while (sent < answer.size()) {
-        const ssize_t n = send(client, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
-        if (n <= 0 && errno != EINTR) break;
-        if (n > 0) sent += static_cast<size_t>(n);
-      }
-      close(client);
-    }
-  }
-
-  int fd_ = -1;
-  int port_ = 0;
-};
-
-std::vector<std::string> OwnAddresses() {
-  std::vector<std::string> found;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return found;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
-    char text[INET_ADDRSTRLEN];
-    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) found.push_back(text);
-  }
-  freeifaddrs(list);
-  return found;
-}
+ProbeResponder& Responder() { return ProbeResponder::Start(OwnAnswer); }
 
 std::string Encode(const PeerIdentity& p) {
   std::string addresses;
@@ -213,18 +149,22 @@ int StartConnect(const std::string& address, int port, bool* refused) {
 
 }  // namespace
 
-PeerTable PeerTable::Exchange(ControlPlane& group) {
+PeerTable PeerTable::Exchange(ControlPlane& group, const std::string& job_secret) {
   PeerIdentity mine;
   mine.world_rank = group.WorldRank(group.rank());
   mine.host = HostName();
   mine.pid = static_cast<int>(getpid());
-  mine.port = Responder::Get().port();
-  mine.addresses = OwnAddresses();
+  mine.port = Responder().port();
+  mine.addresses = Responder().addresses();
   const std::string encoded = Encode(mine);
   std::vector<std::vector<char>> gathered =
       group.GatherBytes(std::vector<char>(encoded.begin(), encoded.end()), 0);
-  // Root sends every identity, each after its length as 8 decimal digits.
-  std::vector<char> all;
+  // Root sends the group's secret (DDL_JOB_SECRET's, else drawn now: a
+  // process set gets one of its own), then every identity, each after its
+  // length as 8 decimal digits.
+  std::string secret;
+  if (group.rank() == 0 && !ParseJobSecret(job_secret, &secret).ok()) secret = DrawJobSecret();
+  std::vector<char> all(secret.begin(), secret.end());
   for (const auto& bytes : gathered) {
     char length[9];
     std::snprintf(length, sizeof(length), "%08zu", bytes.size());
@@ -234,7 +174,10 @@ PeerTable PeerTable::Exchange(ControlPlane& group) {
   group.BroadcastBytes(all, 0);
   PeerTable table;
   table.me_ = group.rank();
-  size_t at = 0;
+  size_t at = kJobSecretBytes;
+  if (all.size() < at) throw TransportError("the probe identities broadcast was cut short");
+  table.secret_.assign(all.data(), kJobSecretBytes);
+  Responder().Admit(table.secret_);
   for (int r = 0; r < group.size() && at + 8 <= all.size(); ++r) {
     const size_t length = std::strtoul(std::string(&all[at], 8).c_str(), nullptr, 10);
     at += 8;
@@ -351,7 +294,13 @@ std::vector<PeerView> PeerTable::Survey(double patience_s, int set) const {
         socklen_t length = sizeof(error);
         getsockopt(probe.fd, SOL_SOCKET, SO_ERROR, &error, &length);
         if (error == 0) {
-          probe.connected = true;  // the peer's kernel accepted: now wait for the process
+          // The peer's kernel accepted: now the secret (16 bytes always fit
+          // an empty socket's buffer), then wait for the process.
+          probe.connected = true;
+          if (send(probe.fd, secret_.data(), secret_.size(), MSG_NOSIGNAL) !=
+              static_cast<ssize_t>(secret_.size())) {
+            settle(probe, PeerState::kUnreachable);
+          }
         } else {
           settle(probe, error == ECONNREFUSED ? PeerState::kGone : PeerState::kUnreachable);
         }
