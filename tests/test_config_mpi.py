@@ -8,7 +8,8 @@ import pytest
     "DDL_CYCLE_TIME_MS=1ms", "DDL_ALLREDUCE=ring", "DDL_LOCAL_SIZE=2", "DDL_LOCAL_SIZE=1.5",
     "DDL_STALL_WARNING_S=nan", "DDL_STALL_TIMEOUT_S=-5", "DDL_CACHE_CAPACITY=many",
     "DDL_PEER_TIMEOUT_S=soon", "DDL_SPIN_POLLS=2.5", "DDL_TIMELINE=/nonexistent/dir/trace.json",
-    "DDL_ENGINE_PRIORITY=max", "DDL_UPLINK_COMPRESSION=gzip", "DDL_PRINT_TOPOLOGY=yes", "valid_after_fix", "engine_thread_priority"])
+    "DDL_ENGINE_PRIORITY=max", "DDL_UPLINK_COMPRESSION=gzip", "DDL_PRINT_TOPOLOGY=yes",
+    "DDL_JOB_SECRET=0123456789abcdef0123456789abcdeZ", "valid_after_fix", "engine_thread_priority"])
 def test_bad_value_fails_on_every_rank(launcher, name):
     launcher.cases(3, "bad_config.py").check(name)
 
