@@ -1,6 +1,6 @@
 """The decoders of bytes from outside the process, fuzzed
 (tests/core/fuzz/targets.h): the negotiation requests and responses a
-rank's peers send. In the suite, the seeded mutation driver
+rank's peers send, and the DDL_* values of the environment. In the suite, the seeded mutation driver
 (tests/core/fuzz/driver.cc) built with gcc and AddressSanitizer +
 UndefinedBehaviorSanitizer runs every corpus file of
 tests/core/fuzz_corpus/ as it is (the seeds and the regression cases of
@@ -20,7 +20,8 @@ from test_core import CORE_TESTS, OPS, compiler
 FUZZ = os.path.join(CORE_TESTS, "fuzz")
 CORPUS = os.path.join(CORE_TESTS, "fuzz_corpus")
 SOURCES = [os.path.join(FUZZ, "driver.cc"), os.path.join(FUZZ, "targets.cc"),
-           os.path.join(OPS, "negotiation", "message.cc"), os.path.join(OPS, "common", "types.cc")]
+           os.path.join(OPS, "negotiation", "message.cc"),
+           *(os.path.join(OPS, "common", f) for f in ("types.cc", "config.cc", "job_secret.cc"))]
 FLAGS = ["-std=c++17", "-O1", "-g", "-pthread", f"-I{OPS}", f"-I{FUZZ}",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
 # What each regression case of the corpus is refused with: the bugs the
@@ -52,10 +53,12 @@ def test_decoders_survive_the_seeded_mutation_driver(tmp_path):
     where = f"(DDL_FUZZ_SEED={seed}) " + proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.returncode == 0 and "FUZZ FINDING" not in proc.stderr, where
     outcomes = dict(line.split(": ", 1) for line in proc.stdout.splitlines()
-                    if line.startswith("negotiation_") and "/" in line.split(": ")[0])
+                    if "/" in line.split(": ")[0])
     for case, refusal in REGRESSIONS.items():
         assert outcomes.get(case) == "refused: " + refusal, (case, where)
-    seeds = [c for c in outcomes if "/seed-" in c]
+    seeds = [c for c in outcomes if "/seed-" in c and c.startswith("negotiation_")]
     assert len(seeds) >= 6 and all(outcomes[c] == "decoded" for c in seeds), where
+    settings = [c for c in outcomes if c.startswith("ddl_settings/")]
+    assert len(settings) >= 20, where
     last = proc.stdout.strip().splitlines()[-1]
     assert last.endswith(" 0 failures") and int(last.split()[0]) > 10000, where
