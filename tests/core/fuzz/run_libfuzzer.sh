@@ -18,7 +18,8 @@ clang++ -std=c++17 -O1 -g -pthread -fsanitize=fuzzer,address,undefined \
   "$here/libfuzzer_main.cc" "$here/targets.cc" "$ops/negotiation/message.cc" \
   "$ops/common/types.cc" "$ops/common/config.cc" "$ops/common/job_secret.cc" -o "$work/fuzz"
 # -malloc_limit_mb: an allocation the bytes (at most 64 KiB) cannot justify
-# is a finding; -timeout: an input that takes a second is one too.
+# is a finding; -timeout: an input that takes 5 s is one too (not 1 s: a busy machine
+# stalls an input that long).
 cd "$work"
 exec ./fuzz -max_total_time="$seconds" -max_len=65536 -malloc_limit_mb=64 -rss_limit_mb=2048 \
-  -timeout=1 -print_final_stats=1 "$work/corpus" "$here/../fuzz_corpus/$target"
+  -timeout=5 -print_final_stats=1 "$work/corpus" "$here/../fuzz_corpus/$target"
