@@ -69,7 +69,9 @@ CHECKS = [
     ("negotiation_cost.cc", [*NEGOTIATION, "common/types.cc"], 50, ("asan",), ()),
     ("thread_priority_check.cc", ["engine/thread_priority.cc"], 5, ("asan",), ()),
     ("engine_check.cc", ENGINE, 50, ("asan", "tsan"), ()),
-    ("scale_check.cc", ENGINE, 15, ("asan", "tsan"), ()),
+    # Not TSan: 256 thread-ranks slowed 5-15 times miss its 0.5 s peer
+    # timeouts (failures of timing, with no race reported).
+    ("scale_check.cc", ENGINE, 15, ("asan",), ()),
     ("autotune_check.cc", ENGINE, 50, ("asan", "tsan"), ()),
 ]
 CASES = [pytest.param(program, sources, least, sanitizer, id=f"{sanitizer}-{program[:-3]}",
