@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "job_secret.h"
+
 namespace ddl {
 
 namespace {
@@ -96,6 +98,9 @@ Status Config::FromEnvironment(Config* c) {
 #undef DDL_WHOLE
 #undef DDL_CHOICE
 #undef DDL_TEXT
+  // A text row whose form is checked here, without echoing the value.
+  std::string secret;
+  if (!c->job_secret.empty()) return ParseJobSecret(c->job_secret, &secret);
   return Status::Ok();
 }
 

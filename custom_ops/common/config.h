@@ -68,6 +68,10 @@ struct Config {
   // DDL_PRINT_TOPOLOGY=1 (ddlrun --verbose): rank 0 prints the agreed
   // topology and allreduce once at init.
   int print_topology = 0;
+  // DDL_JOB_SECRET: 32 hexadecimal digits, the secret a probe must send
+  // before a responder answers (common/job_secret.h); rank 0's is used.
+  // Empty: rank 0 draws one at set-up.
+  std::string job_secret;
 
   // Reads the environment; fills *config or returns InvalidArgument.
   static Status FromEnvironment(Config* config);

@@ -417,7 +417,7 @@ Status Context::Build(std::unique_ptr<Group> base) {
     }
     std::vector<int64_t> local_sizes = world->AllgatherInt64(local_size);
     for (int64_t n : local_sizes) homogeneous &= (n == local_size);
-    peers = PeerTable::Exchange(*world);
+    peers = PeerTable::Exchange(*world, config.job_secret);
     // Now the ranks can probe each other: every later wait asks the judge
     // before it gives up (liveness.h).
     activity = ActivityBoard::Get().Add(world_rank, process_set, world.get());

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "../common/job_secret.h"
 #include "../common/util.h"
+#include "../transport/probe_responder.h"
 #include "../transport/probe_socket.h"
 #include "../transport/transport.h"
 #include "liveness.h"
@@ -20,28 +22,12 @@ namespace {
 
 constexpr char kAnswer = 'K';
 
-// Answers every probe with one byte, from a thread of its own, for the
-// life of the process (never stopped: a process ends with it).
-class Responder {
- public:
-  static const Responder& Get() {
-    static const Responder* responder = new Responder();  // lives until the process ends
-    return *responder;
-  }
-  int port() const { return port_; }
+// What this process's responder answers a caller with the job's secret:
+// the answer byte, then what its ranks are doing (one line per rank and
+// process set; liveness.h).
+std::string OwnAnswer() { return kAnswer + ActivityBoard::Get().Describe(); }
 
- private:
-  // No port: the other ranks call this one unreachable.
-  Responder() : port_(ServeOnOwnThread(&Responder::Serve)) {}
-
-  static void Serve(int client) {
-    // The answer byte, then what this process's ranks are doing (one
-    // line per rank and process set; liveness.h), then the end.
-    SendAll(client, kAnswer + ActivityBoard::Get().Describe());
-  }
-
-  int port_ = 0;
-};
+ProbeResponder& Responder() { return ProbeResponder::Start(OwnAnswer); }
 
 std::string Encode(const PeerIdentity& p) {
   std::string addresses;
@@ -140,18 +126,22 @@ void ReadActivity(const std::string& answer, int set, std::vector<PeerView>* vie
 
 }  // namespace
 
-PeerTable PeerTable::Exchange(ControlPlane& group) {
+PeerTable PeerTable::Exchange(ControlPlane& group, const std::string& job_secret) {
   PeerIdentity mine;
   mine.world_rank = group.WorldRank(group.rank());
   mine.host = HostName();
   mine.pid = static_cast<int>(getpid());
-  mine.port = Responder::Get().port();
-  mine.addresses = OwnAddresses();
+  mine.port = Responder().port();
+  mine.addresses = Responder().addresses();
   const std::string encoded = Encode(mine);
   std::vector<std::vector<char>> gathered =
       group.GatherBytes(std::vector<char>(encoded.begin(), encoded.end()), 0);
-  // Root sends every identity, each after its length as 8 decimal digits.
-  std::vector<char> all;
+  // Root sends the group's secret (DDL_JOB_SECRET's, else drawn now: a
+  // process set gets one of its own), then every identity, each after its
+  // length as 8 decimal digits.
+  std::string secret;
+  if (group.rank() == 0 && !ParseJobSecret(job_secret, &secret).ok()) secret = DrawJobSecret();
+  std::vector<char> all(secret.begin(), secret.end());
   for (const auto& bytes : gathered) {
     char length[9];
     std::snprintf(length, sizeof(length), "%08zu", bytes.size());
@@ -161,7 +151,10 @@ PeerTable PeerTable::Exchange(ControlPlane& group) {
   group.BroadcastBytes(all, 0);
   PeerTable table;
   table.me_ = group.rank();
-  size_t at = 0;
+  size_t at = kJobSecretBytes;
+  if (all.size() < at) throw TransportError("the probe identities broadcast was cut short");
+  table.secret_.assign(all.data(), kJobSecretBytes);
+  Responder().Admit(table.secret_);
   for (int r = 0; r < group.size() && at + 8 <= all.size(); ++r) {
     const size_t length = std::strtoul(std::string(&all[at], 8).c_str(), nullptr, 10);
     at += 8;
@@ -276,7 +269,12 @@ std::vector<PeerView> PeerTable::Survey(double patience_s, int set) const {
       if (!probe.connected) {
         const int error = ConnectError(probe.fd);
         if (error == 0) {
-          probe.connected = true;  // the peer's kernel accepted: now wait for the process
+          // The peer's kernel accepted: now the secret (16 bytes always fit
+          // an empty socket's buffer), then wait for the process.
+          probe.connected = true;
+          if (!SendAll(probe.fd, secret_)) {
+            settle(probe, PeerState::kUnreachable);
+          }
         } else {
           settle(probe, IsRefusal(error) ? PeerState::kGone : PeerState::kUnreachable);
         }

@@ -56,8 +56,11 @@ struct PeerIdentity {
 class PeerTable {
  public:
   // Collective over `group`: starts this process's probe responder (once
-  // per process) and exchanges identities with every rank of the group.
-  static PeerTable Exchange(ControlPlane& group);
+  // per process), exchanges identities with every rank of the group, and
+  // gives every rank the group's secret (rank 0's `job_secret`, the text of
+  // DDL_JOB_SECRET, or one it draws when that is empty), which its probes
+  // send and its responder then answers (transport/probe_responder.h).
+  static PeerTable Exchange(ControlPlane& group, const std::string& job_secret = "");
 
   const PeerIdentity* Find(int world_rank) const;
   const PeerIdentity& Me() const { return peers_[me_]; }
@@ -73,6 +76,7 @@ class PeerTable {
  private:
   std::vector<PeerIdentity> peers_;  // by group rank
   int me_ = 0;
+  std::string secret_;  // the group's (common/job_secret.h)
 };
 
 // The one line every live rank prints before it ends its process: which

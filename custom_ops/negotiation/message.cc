@@ -92,23 +92,53 @@ class Reader {
     pos_ += n;
     return s;
   }
+  // A count of items of at least `least` bytes each: one the rest of the
+  // message cannot hold is refused before anything is allocated for it
+  // (a peer's 4-byte count would otherwise size a vector of billions).
+  size_t GetCount(size_t least, const char* what) {
+    const uint32_t n = Get<uint32_t>();
+    if (static_cast<uint64_t>(n) * least > bytes_.size() - pos_) {
+      throw std::runtime_error("malformed negotiation message: " + std::to_string(n) + " " +
+                               what + " cannot fit in the " +
+                               std::to_string(bytes_.size() - pos_) + " bytes left");
+    }
+    return n;
+  }
+  // One byte that must be below `limit` (an enum's values).
+  uint8_t GetCode(int limit, const char* what) {
+    const uint8_t v = Get<uint8_t>();
+    if (v >= limit) {
+      throw std::runtime_error("malformed negotiation message: " + std::string(what) + " code " +
+                               std::to_string(v) + " is unknown");
+    }
+    return v;
+  }
   // Every decoder ends here: bytes left after the message's last field
   // mean the sender wrote another format (another keras_ddl build), so the
   // fields read may be wrong too; refused, not ignored.
   void ExpectEnd(const char* what) const {
     if (pos_ == bytes_.size()) return;
-    throw std::runtime_error("negotiation message (" + std::string(what) + ") has " +
+    throw std::runtime_error("malformed negotiation message: " + std::string(what) + " has " +
                              std::to_string(bytes_.size() - pos_) + " byte(s) after its end, at " +
                              std::to_string(pos_) + " of " + std::to_string(bytes_.size()));
   }
 
  private:
   void Need(size_t n) const {
-    if (pos_ + n > bytes_.size()) throw std::runtime_error("truncated negotiation message");
+    if (n > bytes_.size() - pos_) throw std::runtime_error("truncated negotiation message");
   }
   const std::vector<char>& bytes_;
   size_t pos_ = 0;
 };
+
+// The values each enum of a request may take (common/types.h).
+constexpr int kCollectives = static_cast<int>(Collective::kJoin) + 1;
+constexpr int kDataTypes = static_cast<int>(DataType::kBool) + 1;
+constexpr int kReduceOps = static_cast<int>(ReduceOp::kProduct) + 1;
+// The fewest bytes an encoded string and request take (a request: name,
+// rank, four codes, root, shape count, invalid).
+constexpr size_t kLeastString = 4;
+constexpr size_t kLeastRequest = 4 + 4 + 4 + 4 + 4 + 4;
 
 void PutRequest(Writer& w, const Request& r) {
   w.PutString(r.name);
@@ -127,12 +157,12 @@ Request GetRequest(Reader& rd) {
   Request r;
   r.name = rd.GetString();
   r.rank = rd.Get<int32_t>();
-  r.collective = static_cast<Collective>(rd.Get<uint8_t>());
-  r.dtype = static_cast<DataType>(rd.Get<uint8_t>());
-  r.wire = static_cast<DataType>(rd.Get<uint8_t>());
-  r.op = static_cast<ReduceOp>(rd.Get<uint8_t>());
+  r.collective = static_cast<Collective>(rd.GetCode(kCollectives, "collective"));
+  r.dtype = static_cast<DataType>(rd.GetCode(kDataTypes, "dtype"));
+  r.wire = static_cast<DataType>(rd.GetCode(kDataTypes, "wire dtype"));
+  r.op = static_cast<ReduceOp>(rd.GetCode(kReduceOps, "reduction op"));
   r.root = rd.Get<int32_t>();
-  r.shape.resize(rd.Get<uint32_t>());
+  r.shape.resize(rd.GetCount(sizeof(int64_t), "dimensions"));
   for (int64_t& d : r.shape) d = rd.Get<int64_t>();
   r.invalid = rd.GetString();
   return r;
@@ -151,7 +181,7 @@ std::vector<Request> DecodeRequests(const std::vector<char>& bytes) {
   std::vector<Request> requests;
   if (bytes.empty()) return requests;
   Reader rd(bytes);
-  requests.resize(rd.Get<uint32_t>());
+  requests.resize(rd.GetCount(kLeastRequest, "requests"));
   for (Request& r : requests) r = GetRequest(rd);
   rd.ExpectEnd("requests");
   return requests;
@@ -177,17 +207,17 @@ std::vector<char> EncodeResponses(const ResponseList& responses) {
 ResponseList DecodeResponses(const std::vector<char>& bytes) {
   ResponseList out;
   Reader rd(bytes);
-  out.ready.resize(rd.Get<uint32_t>());
+  out.ready.resize(rd.GetCount(kLeastString, "ready names"));
   for (auto& name : out.ready) name = rd.GetString();
-  out.errors.resize(rd.Get<uint32_t>());
+  out.errors.resize(rd.GetCount(2 * kLeastString, "errors"));
   for (auto& e : out.errors) {
     e.first = rd.GetString();
     e.second = rd.GetString();
   }
-  out.evictions.resize(rd.Get<uint32_t>());
+  out.evictions.resize(rd.GetCount(kLeastString, "evictions"));
   for (auto& name : out.evictions) name = rd.GetString();
   out.fatal = rd.GetString();
-  out.stand_ins.resize(rd.Get<uint32_t>());
+  out.stand_ins.resize(rd.GetCount(kLeastRequest, "stand-ins"));
   for (Request& r : out.stand_ins) r = GetRequest(rd);
   rd.ExpectEnd("responses");
   return out;

@@ -9,53 +9,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <thread>
+#include <algorithm>
 
 namespace ddl {
 
-namespace {
-
-void AcceptForever(int listener, const std::function<void(int)>& serve) {
-  for (;;) {
-    const int client = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) {
-      // Out of descriptors, say: try again later rather than spin.
-      if (errno != EINTR && errno != ECONNABORTED) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      continue;
-    }
-    serve(client);
-    close(client);
-  }
-}
-
-}  // namespace
-
-int ServeOnOwnThread(std::function<void(int client)> serve) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in any{};
-  any.sin_family = AF_INET;
-  any.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t length = sizeof(any);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof(any)) != 0 || listen(fd, 128) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&any), &length) != 0) {
-    close(fd);
-    return 0;
-  }
-  std::thread(AcceptForever, fd, std::move(serve)).detach();
-  return ntohs(any.sin_port);
-}
-
-void SendAll(int fd, const std::string& bytes) {
+bool SendAll(int fd, const std::string& bytes) {
   size_t sent = 0;
   while (sent < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0 && errno != EINTR) break;
+    if (n <= 0 && errno != EINTR) return false;
     if (n > 0) sent += static_cast<size_t>(n);
   }
+  return true;
 }
 
 std::vector<std::string> OwnAddresses() {
@@ -67,7 +32,10 @@ std::vector<std::string> OwnAddresses() {
     if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
     char text[INET_ADDRSTRLEN];
     auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) found.push_back(text);
+    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) &&
+        std::find(found.begin(), found.end(), text) == found.end()) {
+      found.push_back(text);
+    }
   }
   freeifaddrs(list);
   return found;

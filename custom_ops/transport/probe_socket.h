@@ -5,23 +5,17 @@
 // the activity lines) is the fault report's business, not this file's.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
 namespace ddl {
 
-// Listens on every IPv4 address, on a port the kernel picks, and serves
-// each connection with `serve(client)` on a thread of its own that lives
-// as long as the process (a blocking accept costs nothing while nobody
-// connects). `serve` owns nothing: the client socket is closed after it
-// returns. Returns the port, or 0 when no socket could listen.
-int ServeOnOwnThread(std::function<void(int client)> serve);
+// Sends all of `bytes` on `fd`; false when it stopped early (the peer went
+// away, or a non-blocking socket's buffer is full).
+bool SendAll(int fd, const std::string& bytes);
 
-// Sends all of `bytes` on `fd` (stops early if the peer went away).
-void SendAll(int fd, const std::string& bytes);
-
-// This host's IPv4 addresses of interfaces that are up, loopback left out.
+// This host's IPv4 addresses of interfaces that are up, loopback left out,
+// each once.
 std::vector<std::string> OwnAddresses();
 
 // Starts a non-blocking connection to address:port; -1 if it failed at

@@ -15,6 +15,7 @@ import time
 import pytest
 from launching import TESTS_DIR, LiveLaunch, case_names
 from fault_reports import PHASES, fault_reports
+from probe_flood import IdleFlood, probe_ports
 
 SCRIPT = "collectives.py"
 EVERY_CASE = [c for c in case_names(SCRIPT)
@@ -137,6 +138,12 @@ def test_a_broadcast_longer_than_the_peer_timeout_completes(launcher):
 # a rank that reported waits for the ranks that still answer to report too
 # before it ends (mpiexec's proxy ends a host's ranks when one exits), so
 # every rank's report is there.
+#
+# Idle, the ranks also have strangers at their probe ports: 1000 connections
+# from this machine's namespace (over the bridge) that never send the job's
+# secret, kept open throughout (reopened as the responders drop them). They
+# read nothing, and every report is the same, as soon after the cut as
+# without them.
 @pytest.mark.parametrize("activity", ["allreduce_forever", "idle_forever"])
 def test_cut_link_fails_every_rank_naming_the_unreachable_ones(launcher, activity):
     cluster = launcher.cluster(2, "1gbit")
@@ -145,12 +152,20 @@ def test_cut_link_fails_every_rank_naming_the_unreachable_ones(launcher, activit
     argv = launcher.cluster_argv(cluster, 2, SLOW_SCRIPT, activity)  # nprocs: 2 a node
     env = launcher.cluster_env({"DDL_PEER_TIMEOUT_S": str(timeout_s)})
     run = LiveLaunch(argv, env)
-    cut_at = None
+    cut_at = flood = None
     try:
         deadline = time.time() + 120
         while time.time() < deadline and run.count("STEPPING") < nprocs:
             time.sleep(0.2)
         assert run.count("STEPPING") == nprocs, run.report()
+        if activity == "idle_forever":
+            targets = [(address, port) for ns, address in zip(cluster.namespaces,
+                                                              cluster.addresses)
+                       for port in probe_ports(ns, address)]
+            assert len(targets) == nprocs, targets  # one responder per rank
+            flood = IdleFlood(targets, total=1000)
+            time.sleep(2)
+            assert flood.most == 1000, flood.most
         time.sleep(1)  # well inside the stream of 64 MB allreduces
         cluster.set_link(1, False)
         cut_at = time.time()
@@ -163,11 +178,23 @@ def test_cut_link_fails_every_rank_naming_the_unreachable_ones(launcher, activit
             time.sleep(0.2)
         time.sleep(5)
     finally:
+        if flood is not None:
+            opened, read, most = flood.stop()
         cluster.set_link(1, True)  # the launcher's own connections need it back to end
         code = run.wait(timeout=90)
     text = run.stderr()
     reports = fault_reports(text)
     assert set(reports) == set(range(nprocs)), text[-4000:]
+    if flood is not None:
+        assert read == 0 and opened >= 1000, (opened, read, most)
+    # Idle, every report comes the peer timeout and a probe's patience (1 s)
+    # after the cut (5.96-5.99 s in 4 runs with the flood and 2 without): a
+    # flood that delayed the probes would show here. Moving data, the
+    # timeout counts from the last bytes moved and a node-mate may wait 3 s
+    # more for the other's report (above).
+    late = {r: round(report.when - cut_at, 2) for r, report in reports.items()}
+    bound = timeout_s + 1.5 if activity == "idle_forever" else timeout_s + 1.5 + 3 + 2
+    assert max(late.values()) < bound, late
     # Node 1 holds ranks 0 and 1, node 2 ranks 2 and 3. Whichever phase the
     # cut hit, every rank gives the same report: it names both ranks of the
     # other side, on their host, as unreachable (their host does not answer

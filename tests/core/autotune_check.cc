@@ -684,7 +684,9 @@ void CappedCandidateSkipsLargeClasses() {
   InProcessGroup group(ranks, 1 << 20);
   std::vector<std::vector<int>> candidate_of_large(ranks);
   std::vector<std::vector<int>> chosen(ranks);
-  std::vector<bool> decided(ranks, false);
+  // char, not bool: each rank's thread writes its own element, and
+  // vector<bool> packs them into shared words (a data race, TSan).
+  std::vector<char> decided(ranks, false);
   std::vector<std::string> printed(ranks);
   group.Run([&](int r) {
     std::vector<AutotuneCandidate> candidates = TwoCandidates();

@@ -3,6 +3,7 @@
 // tests/core/test_core.py reads) and gives the exit code.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -12,12 +13,14 @@
 
 namespace ddl_test {
 
-inline int& Checks() {
-  static int n = 0;
+// Atomic: the threads-as-ranks checks expect from every rank's thread at
+// once (ThreadSanitizer reported the plain counters as a data race).
+inline std::atomic<int>& Checks() {
+  static std::atomic<int> n{0};
   return n;
 }
-inline int& Failures() {
-  static int n = 0;
+inline std::atomic<int>& Failures() {
+  static std::atomic<int> n{0};
   return n;
 }
 
@@ -30,7 +33,7 @@ inline void Expect(bool ok, const std::string& what) {
 }
 
 inline int Summary() {
-  std::printf("%d checks, %d failures\n", Checks(), Failures());
+  std::printf("%d checks, %d failures\n", Checks().load(), Failures().load());
   return Failures() ? 1 : 0;
 }
 

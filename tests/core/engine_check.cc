@@ -423,7 +423,7 @@ void LateToTheAutotuneTable() {
   std::atomic<bool> released{false};
   std::vector<double> seconds(kRanks, -1);
   std::vector<std::string> errors(kRanks);
-  std::vector<bool> released_first(kRanks, false);
+  std::vector<char> released_first(kRanks, false);  // not vector<bool>: one word, threads race
   // Opens the FIFO for writing (and closes it) once ranks 1 and 2 have
   // failed, or after 4 s: rank 0's open returns, with nothing to read.
   std::thread release([&] {

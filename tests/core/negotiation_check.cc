@@ -368,7 +368,7 @@ void TrailingOrMissingBytesAreRefused() {
   std::vector<char> longer = requests;
   longer.push_back('x');
   const std::string why = refusal(ddl::DecodeRequests, longer);
-  Expect(why.find("negotiation message (requests)") != std::string::npos &&
+  Expect(why.find("negotiation message: requests has") != std::string::npos &&
              why.find("1 byte(s) after its end") != std::string::npos,
          "a request list with a trailing byte is refused, naming it: '" + why + "'");
   ddl::ResponseList list;
@@ -378,7 +378,7 @@ void TrailingOrMissingBytesAreRefused() {
   Expect(ddl::DecodeResponses(responses).ready == list.ready, "a response list decodes back");
   responses.push_back('\0');
   const std::string why2 = refusal(ddl::DecodeResponses, responses);
-  Expect(why2.find("negotiation message (responses)") != std::string::npos &&
+  Expect(why2.find("negotiation message: responses has") != std::string::npos &&
              why2.find("1 byte(s) after its end") != std::string::npos,
          "a response list with a trailing byte is refused, naming it: '" + why2 + "'");
   responses.resize(responses.size() - 3);

@@ -304,3 +304,19 @@ def test_autotune_on_threads_as_ranks(tmp_path):
     another; whole engines (flat, and 2 nodes x 2 local ranks) give every
     rank the same bits, the rank-order sum, through the switch."""
     assert_no_failures(build_and_run("autotune_check.cc", engine_sources(), tmp_path))
+
+
+def test_probe_responder_answers_only_callers_with_the_job_secret(tmp_path):
+    """transport/probe_responder.h on loopback: the job's secret gets the
+    answer (also a byte at a time, and any of several admitted secrets); a
+    wrong, short or missing secret, or 4 KiB of junk, reads zero bytes and
+    the end of the stream (short or none: after the 0.5 s hold); the port
+    listens on loopback and the interface addresses, never the wildcard;
+    1000 idle connections (and 50 more per probe) leave 20 probes each
+    answered within 0.5 s (half the shortest probe patience), the
+    strangers having read nothing.
+    DDL_JOB_SECRET's form: 32 hex digits, errors naming it without echoing it."""
+    proc = build_and_run("probe_responder_check.cc",
+                         ["transport/probe_responder.cc", "transport/probe_socket.cc",
+                          "common/job_secret.cc", "common/types.cc"], tmp_path)
+    assert_no_failures(proc, least=15)

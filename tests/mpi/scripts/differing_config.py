@@ -33,7 +33,8 @@ SHARED = [
 ]
 PER_RANK = [("DDL_SPIN_POLLS", "50", "7"), ("DDL_ENGINE_PRIORITY", "normal", "high"),
             ("DDL_AUTOTUNE_FILE", "/nonexistent/a", "/nonexistent/b"),
-            ("DDL_CYCLE_TIME_MS", "1", "2")]
+            ("DDL_CYCLE_TIME_MS", "1", "2"),
+            ("DDL_JOB_SECRET", "0" * 32, "f" * 32)]  # rank 0's is the group's
 
 
 def expected_values(size, others, last):
