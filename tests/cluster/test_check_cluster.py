@@ -1,4 +1,4 @@
-"""``python -m keras_ddl.check`` on the namespace cluster: 3 nodes, one rank
+"""``python -m keras_ddl.check`` on the namespace cluster: 3 nodes, two ranks
 each, node links at 1 Gbit/s except node2's at 100 Mbit/s. One launch: every
 rank prints its line from its own host, rank 0 the sweep with no wrong
 element, and the verdict names node2's link and nothing else, so the check
@@ -36,7 +36,7 @@ def check_run(launcher):
             pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
         with NetnsCluster(3, "1gbit") as cluster:
             slow_down(cluster, 1, SLOW)
-            proc, _ = launcher.on_cluster(cluster, 1, "-m", "keras_ddl.check",
+            proc, _ = launcher.on_cluster(cluster, 2, "-m", "keras_ddl.check",
                                           "--max-bytes", "1m", timeout=120)
         _RUN["run"] = proc
     return _RUN["run"]
@@ -48,7 +48,7 @@ def test_every_rank_prints_its_line_from_its_host(launcher):
     fields = sorted((dict(w.split("=", 1) for w in line.split()) for line in lines),
                     key=lambda f: int(f["rank"]))
     assert [(f["rank"], f["host"], f["local_rank"]) for f in fields] == [
-        ("0", "node1", "0"), ("1", "node2", "0"), ("2", "node3", "0")], proc.stdout[-3000:]
+        (str(r), f"node{r // 2 + 1}", str(r % 2)) for r in range(6)], proc.stdout[-3000:]
     for f in fields:
         assert f["gpu"] == "none" and int(f["shm_free"]) > 0, f
 
@@ -66,6 +66,7 @@ def test_the_sweep_has_nccl_tests_columns_and_nothing_wrong(launcher):
 
 def test_the_verdict_names_the_slow_node_and_nothing_else(launcher):
     proc = check_run(launcher)
+    print(proc.stdout)  # the lines, the sweep and the verdict (shown with -rP)
     verdict = re.findall(r"^verdict: (.*)$", proc.stdout, re.M)
     assert len(verdict) == 1 and verdict[0].startswith("slow link: node node2 "), (
         proc.stdout[-3000:] + proc.stderr[-3000:])

@@ -59,6 +59,8 @@ def own_rack(ddl, rank):
     addr = os.environ.get("SLURM_TOPOLOGY_ADDR", "")
     if "." in addr:
         return addr.split(".")[-2], "SLURM_TOPOLOGY_ADDR, not used by init"
+    if topo["source"] == "probe" and topo["probe_verdict"]:
+        return "", f"probe:{topo['probe_verdict'].replace(' ', '_')}"
     return "", topo["source"] or "none"
 
 
