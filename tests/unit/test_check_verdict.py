@@ -70,4 +70,4 @@ def test_hosts_with_different_settings_are_named_per_value():
 def test_rows_are_aligned_under_their_header():
     lines = format_rows(["size", "time_us"], [{"size": 4096, "time_us": 12.5},
                                               {"size": 16777216, "time_us": 2345.678}])
-    assert lines == ["#    size  time_us", "     4096   12.500", " 16777216   2345.7"]
+    assert lines == ["#     size  time_us", "      4096   12.500", "  16777216   2345.7"]

@@ -101,6 +101,6 @@ def format_rows(columns, rows):
             return f"{v:.3f}" if abs(v) < 1000 else f"{v:.1f}"
         return str(v)
     widths = {c: max([len(c)] + [len(text(r[c])) for r in rows]) for c in columns}
-    lines = ["#" + "  ".join(c.rjust(widths[c]) for c in columns)]
-    lines += [" " + "  ".join(text(r[c]).rjust(widths[c]) for c in columns) for r in rows]
+    lines = ["# " + "  ".join(c.rjust(widths[c]) for c in columns)]
+    lines += ["  " + "  ".join(text(r[c]).rjust(widths[c]) for c in columns) for r in rows]
     return lines
