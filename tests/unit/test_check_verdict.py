@@ -1,6 +1,9 @@
 """The first-contact check's verdict (keras_ddl.check.verdict) on made-up
 tables: each rule names what it should and nothing else."""
 
+import pytest
+
+from keras_ddl.check.__main__ import parse_args
 from keras_ddl.check.verdict import (MIB, RankRecord, format_rows, problems, shm_needed,
                                      slow_nodes)
 
@@ -71,3 +74,13 @@ def test_rows_are_aligned_under_their_header():
     lines = format_rows(["size", "time_us"], [{"size": 4096, "time_us": 12.5},
                                               {"size": 16777216, "time_us": 2345.678}])
     assert lines == ["#     size  time_us", "      4096   12.500", "  16777216   2345.7"]
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--reps", "0"], "--reps: 0"), (["--min-bytes", "1m", "--max-bytes", "64k"], "--min-bytes"),
+    (["--link-bytes", "100"], "--link-bytes: 100"), (["--max-bytes", "12q"], "'12q'")])
+def test_options_that_cannot_run_are_refused_by_name(argv, named, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert named in capsys.readouterr().err
+    assert parse_args(["--max-bytes", "1m"]).max_bytes == 1 << 20

@@ -145,8 +145,23 @@ def sweep(ddl, args, comm):
     return rows
 
 
+def parse_args(argv=None):
+    """The options, with the ones that cannot run refused by name (on
+    every rank: each parses its own command line, before MPI starts)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"argument --reps: {args.reps}: expected 1 or more")
+    if not 4 <= args.min_bytes <= args.max_bytes:
+        parser.error(f"arguments --min-bytes {args.min_bytes} and --max-bytes {args.max_bytes}: "
+                     f"expected 4 <= min <= max")
+    if args.link_bytes < 4096:
+        parser.error(f"argument --link-bytes: {args.link_bytes}: expected 4096 or more")
+    return args
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     free_before = shm_free()  # before init commits the staging area
     import keras_ddl as ddl
     ddl.init()
