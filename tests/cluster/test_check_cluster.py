@@ -44,11 +44,14 @@ def check_run(launcher):
 
 def test_every_rank_prints_its_line_from_its_host(launcher):
     proc = check_run(launcher)
-    lines = re.findall(r"^DDLCHECK (.*)$", proc.stdout, re.M)
+    # Not anchored: mpiexec forwards each rank's output on its own, so a
+    # line can land after another rank's unfinished one.
+    lines = re.findall(r"DDLCHECK (host=\S+ rank=\d+ local_rank=\d+ gpu=\S+ rack=\S+ "
+                       r"rack_source=\S+ shm_free=\d+)", proc.stdout)
     fields = sorted((dict(w.split("=", 1) for w in line.split()) for line in lines),
                     key=lambda f: int(f["rank"]))
     assert [(f["rank"], f["host"], f["local_rank"]) for f in fields] == [
-        (str(r), f"node{r // 2 + 1}", str(r % 2)) for r in range(6)], proc.stdout[-3000:]
+        (str(r), f"node{r // 2 + 1}", str(r % 2)) for r in range(6)], (lines, proc.stdout[-3000:])
     for f in fields:
         assert f["gpu"] == "none" and int(f["shm_free"]) > 0, f
 
