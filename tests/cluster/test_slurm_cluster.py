@@ -38,8 +38,9 @@ What works, and why (found here):
 - ``--mpi=pmix`` does not work with the mpich wheel. Debian's Slurm lists
   it, but its plugin loads the PMIx library by its unversioned name
   (.../pmix2/lib/libpmix.so, in the package libpmix-dev, which slurmd does
-  not depend on) and makes per-step directories in /tmp (each node of this
-  cluster has its own /tmp for that). With both, srun starts the step, and
+  not depend on) and makes per-step directories in /tmp, whose names collide
+  between nodes sharing one /tmp (as this cluster's nodes do). With a /tmp
+  per node and libpmix-dev, srun starts the step, and
   the wheel's MPI_Init fails: by default it looks for a PMI-1 socket, and
   with ``MPIR_CVAR_PMI_VERSION=x`` it stops with "Internal MPI error" in
   MPIR_pmi_init (the wheel has no PMIx client). Not tested here.
@@ -149,8 +150,8 @@ def launch(cluster, how):
                     "--launcher", "srun", python, JOB], env)
         output = proc.stdout
     else:  # the docs' batch script, as written, with train.py this job
-        # Every node has a /tmp of its own: the job's directory is one the
-        # nodes share, as a home directory on a cluster's shared file system.
+        # The job's directory is one the nodes share, as a home directory on
+        # a cluster's shared file system.
         work = tempfile.mkdtemp(prefix="sbatch-", dir=cluster.slurm.directory)
         try:
             shutil.copy(JOB, os.path.join(work, "train.py"))

@@ -232,9 +232,6 @@ class SlurmCluster:
         self._wait(self._controller_answers, "slurmctld")
         for node, host in enumerate(self.cluster.hosts):
             os.makedirs(os.path.join(self.directory, "spool", host))
-            node_tmp = os.path.join(self.directory, "tmp", host)
-            os.makedirs(node_tmp, mode=0o1777)
-            os.chmod(node_tmp, 0o1777)
             self.start_slurmd(node)
         self._wait(self._all_idle, "slurmd on every node")
 
@@ -242,15 +239,15 @@ class SlurmCluster:
         """Starts node ``node``'s (0-based) slurmd: at ``up()``, and again
         after a test took the node down (its processes killed)."""
         host, ns = self.cluster.hosts[node], self.cluster.namespaces[node]
-        node_tmp = os.path.join(self.directory, "tmp", host)
-        # ip netns exec: the node's network; unshare -u -m: its hostname,
-        # its /etc/hosts and its own /tmp (as a server has: Slurm's PMIx
-        # plugin makes per-step directories there under names that would
-        # collide between nodes), private to its processes and its jobs'.
-        # Files the nodes share belong elsewhere (a shared file system on a
-        # real cluster).
-        inner = (f"mount --bind {self.directory}/hosts /etc/hosts && "
-                 f"mount --bind {node_tmp} /tmp && hostname {host} && "
+        # ip netns exec: the node's network; unshare -u -m: its hostname and
+        # its /etc/hosts, private to its processes and its jobs'. /tmp stays
+        # the machine's: it stands for the shared file system the nodes of a
+        # real cluster mount, and the job's Python may live there (a venv
+        # made by mktemp, as .ci/run makes it). Slurm's PMIx plugin, which
+        # makes per-step directories in /tmp under names that collide
+        # between nodes sharing it, is therefore not usable on this cluster
+        # (nor is it with the mpich wheel: docs/multinode.md).
+        inner = (f"mount --bind {self.directory}/hosts /etc/hosts && hostname {host} && "
                  f"exec {_program('slurmd')} -D -N {host} -f {self.conf}")
         self._spawn(f"slurmd-{host}", ["ip", "netns", "exec", ns, "unshare", "-u", "-m",
                                       "--propagation", "private", "sh", "-c", inner])
