@@ -293,7 +293,9 @@ def relay_between(client_first_bytes):
                "PATH": os.environ.get("PATH", "")}
     task_side.close()
     os.set_inheritable(int(environ["PMI_FD"]), True)
-    proc = slurm_pmi.start_relay(environ)
+    # This pytest process may have imported mpi4py's MPI for another test;
+    # the socket here is not MPI's, so the relay is wanted all the same.
+    proc = slurm_pmi.start_relay(environ, mpi_started=False)
     assert proc is not None and environ["DDL_PMI_RELAY_ACTIVE"] == "1"
     client = int(environ["PMI_FD"])
     os.write(client, client_first_bytes)

@@ -48,19 +48,24 @@ SAFE_VALLEN = SLURM_PMI1_READ - REQUEST_OVERHEAD
 _MAXES = re.compile(rb"^(cmd=maxes\b.*\bvallen_max=)(\d+)")
 
 
-def needs_relay(environ):
+def needs_relay(environ, mpi_started=None):
     """Whether this process was started by Slurm's pmi2 plugin (a PMI
-    socket in PMI_FD) and MPI is not initialised yet."""
-    if "mpi4py.MPI" in sys.modules:
-        return False  # too late: MPI_Init ran at that import
+    socket in PMI_FD) and MPI is not initialised yet. ``mpi_started``: None
+    reads it from this process (mpi4py's MPI imported: MPI_Init ran at that
+    import); a test that hands in its own PMI socket says False."""
+    if mpi_started is None:
+        mpi_started = "mpi4py.MPI" in sys.modules
+    if mpi_started:
+        return False  # too late
     return (environ.get("SLURM_MPI_TYPE") == "pmi2" and environ.get("PMI_FD", "").isdigit()
             and environ.get("DDL_PMI_RELAY_ACTIVE") is None)
 
 
-def start_relay(environ=os.environ):
+def start_relay(environ=os.environ, mpi_started=None):
     """Puts the relay between this process's MPI and Slurm, if needed:
-    PMI_FD then names the relay's socket. Returns the relay's Popen or None."""
-    if not needs_relay(environ):
+    PMI_FD then names the relay's socket. Returns the relay's Popen or None.
+    ``mpi_started`` as for needs_relay."""
+    if not needs_relay(environ, mpi_started):
         return None
     slurm_fd = int(environ["PMI_FD"])
     try:
