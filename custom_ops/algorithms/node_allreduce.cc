@@ -13,38 +13,33 @@ namespace ddl {
 void NodeAllreduce::Run(const std::vector<Span>& spans, DataType dtype, DataType wire,
                         ReduceOp op, NodePhaseTimes* times, const SharedResult* into,
                         int divisor) {
-  if (divisor <= 0) divisor = world_size_;
-  NodePhaseTimes local_times;
-  NodePhaseTimes& t = times ? *times : local_times;
-  PhaseClock clock;
-  const size_t elem = DataTypeSize(dtype);
-  const SpanWalker walker(spans, elem, &span_starts_);
-  const int64_t chunk_elems = static_cast<int64_t>(arena_.slot_bytes() / elem);
+  CallFrame f(*this, spans, dtype, times, divisor);
+  const int64_t chunk_elems = static_cast<int64_t>(arena_.slot_bytes() / f.elem);
   // Each chunk of at most one slot passes through the four phases; chunks
   // of successive calls continue the count (chunks_done_), as the slots do.
-  for (int64_t first = 0; first < walker.total(); first += chunk_elems) {
+  for (int64_t first = 0; first < f.walker.total(); first += chunk_elems) {
     Chunk& c = chunk_;
-    StartChunk(first, std::min(chunk_elems, walker.total() - first), &c);
-    CopyIn(walker, c);
-    clock.Lap(t.copy_in);
-    char* mine = ReduceOwnSlice(walker, c, dtype, op);
-    clock.Lap(t.reduce_scatter);
-    const bool divided = CrossNode(mine, c.slice[arena_.rank()], dtype, wire, op, divisor);
-    clock.Lap(t.cross_node);
+    StartChunk(first, std::min(chunk_elems, f.walker.total() - first), &c);
+    CopyIn(f.walker, c);
+    f.clock.Lap(f.t.copy_in);
+    char* mine = ReduceOwnSlice(f.walker, c, dtype, op);
+    f.clock.Lap(f.t.reduce_scatter);
+    const bool divided = CrossNode(mine, c.slice[arena_.rank()], dtype, wire, op, f.divisor);
+    f.clock.Lap(f.t.cross_node);
     if (op == ReduceOp::kAverage && !divided) {
-      DivideBy(mine, c.slice[arena_.rank()], dtype, divisor);
+      DivideBy(mine, c.slice[arena_.rank()], dtype, f.divisor);
     }
-    traffic_.intra_node_bytes += 2 * c.count * elem;
+    traffic_.intra_node_bytes += 2 * c.count * f.elem;
     if (into != nullptr) {
-      WriteOwnSlice(walker, c, mine, *into);
+      WriteOwnSlice(f.walker, c, mine, *into);
     } else {
-      CopyOut(walker, c);
+      CopyOut(f.walker, c);
     }
-    clock.Lap(t.all_gather);
+    f.clock.Lap(f.t.all_gather);
   }
   // Every owner has written its slices of every chunk.
-  if (into != nullptr && walker.total() > 0) arena_.WaitForAll(ShmArena::kReduced, chunks_done_);
-  clock.Lap(t.all_gather);
+  if (into != nullptr && f.walker.total() > 0) arena_.WaitForAll(ShmArena::kReduced, chunks_done_);
+  f.clock.Lap(f.t.all_gather);
 }
 
 void NodeAllreduce::NextSlot(Chunk* c) {

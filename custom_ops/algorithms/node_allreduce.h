@@ -96,6 +96,24 @@ class NodeAllreduce {
   bool FitsSmall(size_t bytes) const;
 
  private:
+  // What both paths set up when a call starts: the walker over its spans
+  // (its storage is span_starts_, kept from call to call), the divisor
+  // Average uses, and a clock that adds each phase's time to the caller's
+  // totals, or to the frame's own when the caller wants none.
+  struct CallFrame {
+    CallFrame(NodeAllreduce& self, const std::vector<Span>& spans, DataType dtype,
+              NodePhaseTimes* times, int divisor)
+        : t(times ? *times : own_times),
+          divisor(divisor > 0 ? divisor : self.world_size_),
+          elem(DataTypeSize(dtype)),
+          walker(spans, elem, &self.span_starts_) {}
+    NodePhaseTimes own_times;
+    NodePhaseTimes& t;
+    PhaseClock clock;
+    const int divisor;
+    const size_t elem;
+    const SpanWalker walker;
+  };
   // One chunk of a call: at most one slot, split into one slice per local
   // rank (slice[i] elements at offset[i]), the k-th chunk of the arena.
   struct Chunk {

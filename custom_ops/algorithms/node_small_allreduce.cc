@@ -23,48 +23,43 @@ bool NodeAllreduce::FitsSmall(size_t bytes) const {
 
 void NodeAllreduce::RunSmall(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
                              NodePhaseTimes* times, int divisor) {
-  if (divisor <= 0) divisor = world_size_;
-  NodePhaseTimes local_times;
-  NodePhaseTimes& t = times ? *times : local_times;
-  PhaseClock clock;
-  const size_t elem = DataTypeSize(dtype);
-  const SpanWalker walker(spans, elem, &span_starts_);
-  const int64_t count = walker.total();
+  CallFrame f(*this, spans, dtype, times, divisor);
+  const int64_t count = f.walker.total();
   if (count == 0) return;
   // The caller chose this path by FitsSmall; past one slot the copy would
   // write into the next rank's slot.
-  if (!FitsSmall(static_cast<size_t>(count) * elem)) {
-    throw std::logic_error("NodeAllreduce::RunSmall given " + std::to_string(count * elem) +
+  if (!FitsSmall(static_cast<size_t>(count) * f.elem)) {
+    throw std::logic_error("NodeAllreduce::RunSmall given " + std::to_string(count * f.elem) +
                            " bytes, more than a slot (" + std::to_string(arena_.slot_bytes()) +
                            ") or across nodes");
   }
   Chunk& c = chunk_;
   NextSlot(&c);
   const int n = arena_.size();
-  walker.Gather(0, count, arena_.Slot(arena_.rank(), c.slot));
+  f.walker.Gather(0, count, arena_.Slot(arena_.rank(), c.slot));
   arena_.Publish(ShmArena::kPosted, c.k + 1);
-  clock.Lap(t.copy_in);
+  f.clock.Lap(f.t.copy_in);
   arena_.WaitForAll(ShmArena::kPosted, c.k + 1);
   // Every rank combines the slots in rank order ((x0 op x1) op x2) ...,
   // as Run's slice owners do, so all ranks, and both paths, give the same
   // bits. Each piece of the walk is one output's run of elements.
-  auto slot = [&](int i, int64_t done) { return arena_.Slot(i, c.slot) + done * elem; };
-  walker.Walk(0, count, [&](size_t, const Span& s, int64_t at, int64_t m, int64_t done) {
-    char* out = static_cast<char*>(s.out) + at * elem;
+  auto slot = [&](int i, int64_t done) { return arena_.Slot(i, c.slot) + done * f.elem; };
+  f.walker.Walk(0, count, [&](size_t, const Span& s, int64_t at, int64_t m, int64_t done) {
+    char* out = static_cast<char*>(s.out) + at * f.elem;
     if (n == 1) {
-      std::memcpy(out, slot(0, done), m * elem);
+      std::memcpy(out, slot(0, done), m * f.elem);
     } else {
       ReduceTo(out, slot(0, done), slot(1, done), m, dtype, op);
     }
     for (int i = 2; i < n; ++i) ReduceInto(out, slot(i, done), m, dtype, op);
-    if (op == ReduceOp::kAverage) DivideBy(out, m, dtype, divisor);
+    if (op == ReduceOp::kAverage) DivideBy(out, m, dtype, f.divisor);
   });
   // Done with every slot of this chunk. kReduced as well, so that the
   // counters read the same whichever path ran a chunk.
   arena_.Publish(ShmArena::kReduced, c.k + 1);
   arena_.Publish(ShmArena::kConsumed, c.k + 1);
-  traffic_.intra_node_bytes += count * elem;
-  clock.Lap(t.reduce_scatter);
+  traffic_.intra_node_bytes += count * f.elem;
+  f.clock.Lap(f.t.reduce_scatter);
 }
 
 }  // namespace ddl
