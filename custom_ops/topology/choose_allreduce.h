@@ -7,7 +7,9 @@
 //   the node's ranks meet in shared memory (algorithms/node_allreduce.h).
 // - Per call (the executor for the flat world, the node allreduce for its
 //   cross-node step): ChooseAllreduce's size rule, or the algorithm the
-//   autotuner (tuning/autotune.h) named for the call's size class.
+//   autotuner (tuning/autotune.h) named for the call's size class; and
+//   ChooseSinglePass, whether the node allreduce runs a call as its
+//   single pass (through the executor, NodeAllreduce::FitsSmall).
 //
 // The rack grid's own choice between its exchange and its pipeline, and
 // the pipeline's piece size, stay with it (RackGridAllreduce,
