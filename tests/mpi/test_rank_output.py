@@ -135,7 +135,7 @@ def test_on_a_terminal_plain_lines_are_whole_and_not_drawn_early():
     assert stream.feed(b" line\n") == b"[4] half line\n"
 
 
-# TensorFlow 2.20's start-up lines on a machine without a GPU driver, as
+# TensorFlow 2.21's start-up lines on a machine without a GPU driver, as
 # one rank writes them to stderr (the launch below checks the real ones).
 TF_STARTUP = [
     b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
