@@ -25,7 +25,7 @@ from . import results as R
 from .rates import parse_rate
 
 DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/topology.md", "docs/untold_network.md",
-        "docs/failures.md")
+        "docs/failures.md", "docs/internals/scale_harness.md")
 BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- /results:(?P=view) -->)", re.S)
 
