@@ -4,7 +4,7 @@ This one file is the script both peers run. The command launches it twice
 under mpiexec, each time with a different Python environment:
 
 - Horovod's (``--horovod-python``, e.g. a venv with Horovod 0.28.1 and
-  TensorFlow 2.15), where it imports ``horovod.tensorflow as hvd``;
+  TensorFlow 2.15, docs/horovod.md), where it imports ``horovod.tensorflow as hvd``;
 - keras_ddl's (the Python running the command), where it imports
   ``keras_ddl.horovod.tensorflow as hvd``, keras_ddl's Horovod front door.
 
@@ -58,8 +58,8 @@ NO_HOROVOD = ("no --horovod-python given: the Horovod rows are skipped (build Ho
 def add_arguments(parser):
     parser.add_argument("--horovod-python", metavar="PATH",
                         help="Python of an environment with Horovod (e.g. "
-                             "/work/venvs/horovod/bin/python); without it the Horovod rows "
-                             "are skipped, saying why")
+                             "~/venvs/horovod/bin/python, built as docs/horovod.md says); "
+                             "without it the Horovod rows are skipped, saying why")
     parser.add_argument("--sizes", help="comma-separated byte counts of the eager calls "
                                         "(default 4 KB ... 64 MB)")
     parser.add_argument("--reps", type=int, default=7,
