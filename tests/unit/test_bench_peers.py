@@ -28,6 +28,7 @@ def test_defaults_skip_horovod_and_sweep_4kb_to_64mb():
     (["--sizes", "4096,abc"], "--sizes: 'abc'"),
     (["--sizes", "4098"], "--sizes: 4098"),
     (["--reps", "0"], "--reps"),
+    (["--timeout", "0"], "--timeout"),
     (["--chain", "0"], "--chain"),
     (["-n", "1"], "--ranks"),
     (["--gradient-tensors", "0"], "--gradient-tensors"),
@@ -161,3 +162,34 @@ def test_help_imports_no_tensorflow():
     imported = [line.split("|")[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")]
     assert not [m for m in imported if m.split(".")[0] in ("tensorflow", "mpi4py", "numpy")]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie not yet reaped by its parent is dead too
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_launch_past_its_timeout_is_stopped_with_everything_it_started(tmp_path):
+    pids = tmp_path / "pids"
+    script = f"sleep 60 & echo $$ $! > {pids}; echo started >&2; wait"
+    with pytest.raises(SystemExit) as exit_info:
+        peers._run_bounded(["sh", "-c", script], dict(os.environ), 2, "the horovod launch")
+    message = str(exit_info.value)
+    assert "the horovod launch took more than --timeout 2 s" in message
+    assert "started" in message                          # its last output is shown
+    shell, child = (int(p) for p in pids.read_text().split())
+    assert not _alive(shell) and not _alive(child)       # the background sleep too
+
+
+def test_a_launch_within_its_timeout_returns_its_output():
+    proc = peers._run_bounded([sys.executable, "-c", "print('rows')"], dict(os.environ), 60,
+                              "x")
+    assert proc.returncode == 0 and proc.stdout == "rows\n"

@@ -35,6 +35,7 @@ additions).
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,9 @@ def add_arguments(parser):
     parser.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
     parser.add_argument("--burst", default=None,
                         help="with --cluster: bytes each link's token bucket holds")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds a launch may take before it is stopped and the bench "
+                             "fails (default 1800)")
     parser.add_argument("--json", help="also write the results to this JSON file")
 
 
@@ -85,6 +89,8 @@ def check_arguments(parser, args):
         parser.error(f"--reps must be >= 1, not {args.reps}")
     if args.chain < 1:
         parser.error(f"--chain must be >= 1, not {args.chain}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be > 0, not {args.timeout}")
     if args.ranks < 2:
         parser.error(f"--ranks must be >= 2, not {args.ranks}")
     if args.gradient_tensors is not None and args.gradient_tensors < 1:
@@ -227,6 +233,30 @@ def _write_shapes(path, limit):
             json.dump(shapes[:limit], f)
 
 
+def _run_bounded(argv, env, timeout, what):
+    """Runs argv in a process group of its own; past ``timeout`` seconds the
+    whole group (mpiexec, its proxies and the ranks) is stopped, TERM first
+    so mpiexec can tell its ranks, and the bench fails saying so."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise SystemExit(f"{what} took more than --timeout {timeout:g} s and was stopped; "
+                         f"its last output:\n{(err or '')[-3000:]}") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def _launch(door, python, args, shapes, tmp, cluster, per_node, ranks):
     out = os.path.join(tmp, f"{door}.json")
     place = (cluster.mpiexec_args(per_node) if cluster is not None else [])
@@ -235,8 +265,8 @@ def _launch(door, python, args, shapes, tmp, cluster, per_node, ranks):
             *worker_argv(python, door, args, shapes, out)]
     before = loadavg()
     print(f"# {door}: {' '.join(argv)}  (loadavg {before})", flush=True)
-    proc = subprocess.run(argv, env=_venv_env(python, MPI_ENV if cluster else {}),
-                          capture_output=True, text=True)
+    proc = _run_bounded(argv, _venv_env(python, MPI_ENV if cluster else {}), args.timeout,
+                        f"the {door} launch")
     if proc.returncode != 0:
         raise SystemExit(f"the {door} launch failed (exit {proc.returncode}):\n"
                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
