@@ -439,11 +439,14 @@ def chain_row(r, links):
         for i in range(links):
             t = hvd.allreduce(t, op=hvd.Average, name=f"peers.chain.{i}")
         return t
-    send = r.np.array(x)  # a copy: the baseline's chain writes into it
-    recv = r.np.empty_like(send)
+    send = r.np.array(x)
+    work, recv = r.np.empty_like(send), r.np.empty_like(send)
 
     def mpi():
-        a, b = send, recv
+        # From the same input every time (a 4 KB copy): the sums double
+        # each call and would pass float32's range over the repetitions.
+        work[...] = send
+        a, b = work, recv
         for _ in range(links):
             r.comm.Allreduce(a, b, op=r.MPI.SUM)
             a, b = b, a
