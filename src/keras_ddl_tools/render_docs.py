@@ -478,6 +478,8 @@ def view_peers(result):
                   f"{described('keras_ddl', 'keras_ddl')}. The eager rows are one "
                   "`hvd.allreduce` (op=Sum) per size; the chain's time is per call; the "
                   "ResNet-50 rows are the whole list (MPICH: an `MPI_Allreduce` per tensor). "
+                  "The MPICH column is the baseline of keras_ddl's launches (Horovod's "
+                  "launches time their own: `horovod_mpi_us` in the results file). "
                   "X over MPICH = MPICH's time / X's time in X's own launch (each launch "
                   "times mpi4py's `Allreduce` interleaved with its calls); keras_ddl over "
                   "Horovod = Horovod's time / keras_ddl's time, their launches one after the "
