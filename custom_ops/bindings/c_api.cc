@@ -154,6 +154,10 @@ int ddl_settings_in_force(double* out) {
   });
 }
 
+// This process's probe responder port: 0 when it has none, -1 when not
+// initialised (ddl::ProbePort).
+int ddl_probe_port() { return Guarded([] { return ddl::ProbePort(); }); }
+
 // The MPI library this core was linked against, to check that mpi4py in
 // the same process uses the same one. Writes as ddl_topology does.
 int ddl_mpi_library_version(char* out, int capacity);

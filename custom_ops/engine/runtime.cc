@@ -239,6 +239,11 @@ bool SettingsInForce(double* fusion_threshold_mb, double* cycle_time_ms) {
   return true;
 }
 
+int ProbePort() {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  return engine ? engine->context().peers.Me().port : -1;
+}
+
 std::string TransportLibraryVersion() { return WorldLibraryVersion(); }
 
 }  // namespace ddl

@@ -72,6 +72,11 @@ bool Traffic(TrafficTotals* out);
 // DDL_AUTOTUNE=1 may have changed. False when not initialised.
 bool SettingsInForce(double* fusion_threshold_mb, double* cycle_time_ms);
 
+// The TCP port of this process's probe responder (health/fault_report.h),
+// which the other ranks probe when a wait runs long: 0 when it could not
+// open one, -1 when not initialised.
+int ProbePort();
+
 // The library under the world's transport (MPI_Get_library_version for MPI).
 std::string TransportLibraryVersion();
 

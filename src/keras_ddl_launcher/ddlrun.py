@@ -32,6 +32,12 @@ its host (``rank 3 on node2 ended first (killed by SIGKILL)``), wherever it
 ran. An agent that cannot reach ddlrun runs its rank without it, with a
 warning. ``ddlrun`` (the command) does not import TensorFlow.
 
+TensorFlow's start-up lines (absl's "All log messages before
+absl::InitializeLog()", the oneDNN and CPU-feature notices, "Could not find
+cuda drivers" and the cuInit failure after it, CUDA's "Unable to register
+... factory") are left out of the relayed output, with one line saying so;
+``--verbose`` shows them (startup_lines.py). Nothing else is hidden.
+
 ``--max-restarts N`` relaunches a failed job (restart.py); with
 ``--min-np``, ``--max-np`` or ``--host-discovery-script`` each relaunch
 runs on the hosts that are left, without those found to blame for the
@@ -53,6 +59,7 @@ from .agent import TOKEN_VARIABLE
 from .deathwatch import DeathWatch
 from .hosts import (DiscoveryScript, UsageError, hostfile_items, is_this_host, launch_check,
                     parse_hosts, split_racks, topology_env)
+from .startup_lines import StartupLines
 from . import settings
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
@@ -124,7 +131,12 @@ def build_parser():
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument("--verbose", action="store_true",
                    help="rank 0 prints the topology the ranks agreed on (racks, nodes, where "
-                        "they were learnt) and the allreduce chosen, once at init")
+                        "they were learnt) and the allreduce chosen, once at init; and every "
+                        "rank's TensorFlow start-up lines are shown (absl's 'All log messages "
+                        "before absl::InitializeLog()', the oneDNN and CPU-feature notices, "
+                        "'Could not find cuda drivers' and the cuInit failure after it, CUDA's "
+                        "'Unable to register ... factory', TF-TRT's warning), which ddlrun "
+                        "otherwise hides, saying so in one line; no other line is ever hidden")
     add_restart_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
@@ -224,7 +236,7 @@ def run_restarting(args, env, hosts, racks, discovery):
             lambda address: build_command(args, env, hosts, agent_address=address), env)
     return restart.run_with_restarts(plan, args.prefix_output, control_address(args, hosts),
                                      args.max_restarts, args.restart_delay_s,
-                                     launcher_shares_terminal)
+                                     launcher_shares_terminal, StartupLines(show=args.verbose))
 
 
 def check_setting(option, variable, value):
@@ -435,7 +447,8 @@ def main(argv=None):
             return 0
         if args.max_restarts:
             return run_restarting(args, env, hosts, racks, discovery)
-        watch = DeathWatch(*control_address(args, hosts), prefix_output=args.prefix_output)
+        watch = DeathWatch(*control_address(args, hosts), prefix_output=args.prefix_output,
+                           startup=StartupLines(show=args.verbose))
         cmd = build_command(args, env, hosts, agent_address=watch.address)
     except UsageError as e:
         parser.error(str(e))

@@ -15,7 +15,9 @@ This class is also the only writer of ddlrun's stdout and stderr while the
 job runs: the ranks' output and the launcher's own arrive on separate
 streams and are written one whole line at a time, optionally prefixed with
 ``[rank] `` as ``mpiexec -l`` does, so lines of different ranks never mix;
-progress bars drawn with carriage returns are handled by rank_output.py.
+progress bars drawn with carriage returns are handled by rank_output.py,
+and TensorFlow's start-up lines are left out (startup_lines.py) unless
+``--verbose``.
 """
 
 import collections
@@ -47,10 +49,12 @@ class _Agent:
 
 class DeathWatch:
     """Listens on ``bind_host`` (port chosen by the kernel); agents are
-    told to connect to ``address`` (``advertise`` or the bound address)."""
+    told to connect to ``address`` (``advertise`` or the bound address).
+    ``startup``: the run's startup_lines.StartupLines, or None to relay the
+    ranks' every line."""
 
     def __init__(self, bind_host, advertise=None, prefix_output=False, stdout_fd=1,
-                 stderr_fd=2):
+                 stderr_fd=2, startup=None):
         self.token = secrets.token_hex(16)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self._listener = socket.create_server((bind_host, 0), family=family, backlog=1024)
@@ -59,6 +63,7 @@ class DeathWatch:
         host = advertise or bind_host
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.prefix_output = prefix_output
+        self.startup = startup
         self.deaths = []  # [Death] in the order the ranks ended
         self.ranks = {}   # rank -> host, of every agent that said hello
         self._fds = {STDOUT: stdout_fd, STDERR: stderr_fd}
@@ -200,7 +205,8 @@ class DeathWatch:
             self.ranks[hello.get("rank")] = hello.get("host")
             rank = "?" if hello.get("rank") is None else hello["rank"]
             prefix = f"[{rank}] ".encode() if self.prefix_output else b""
-            agent.lines = {kind: RankOutput(prefix, self._screens[kind])
+            agent.lines = {kind: RankOutput(prefix, self._screens[kind],
+                                            self.startup and self.startup.stream())
                            for kind in (STDOUT, STDERR)}
         elif kind in (STDOUT, STDERR):
             self._write(kind, agent.lines[kind].feed(payload))

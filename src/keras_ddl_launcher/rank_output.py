@@ -20,6 +20,10 @@ an epoch's hundreds of redraws became one huge ``[0] ...`` line. So:
 
 Escape sequences and UTF-8 characters split between two reads are never
 drawn half: the drawn text stops before them until the rest arrives.
+
+A plain line that ``hide`` (a startup_lines.StreamFilter) recognises as one
+of TensorFlow's start-up lines is not written; the first such line of a run
+is replaced by ddlrun's note saying so.
 """
 
 import os
@@ -69,11 +73,13 @@ class RankOutput:
         prefix: Bytes put in front of every line (``b"[3] "``, or empty).
         screen: The ``Screen`` when the output is a terminal, None when it is
             a file or a pipe.
+        hide: A startup_lines.StreamFilter, or None to write every line.
     """
 
-    def __init__(self, prefix=b"", screen=None):
+    def __init__(self, prefix=b"", screen=None, hide=None):
         self.prefix = prefix
         self.screen = screen
+        self.hide = hide
         self.shown = b""            # the last complete redraw of this line
         self.current = bytearray()  # the text after the line's last carriage return
         self.redrawn = False        # the line has had a carriage return
@@ -134,6 +140,8 @@ class RankOutput:
 
     def _end_line(self):
         text = self._visible()
+        if self.hide is not None and not self.redrawn and self.hide.hides(text):
+            return self._hidden()
         if self.screen is None:
             out = self.prefix + text + b"\n"
         elif self.redrawn:
@@ -146,3 +154,13 @@ class RankOutput:
             self.screen.owner = None
         self.shown, self.current, self.redrawn = b"", bytearray(), False
         return out
+
+    def _hidden(self):
+        """What to write for a hidden line: nothing, or (the first time in
+        the run) the note, on a line of its own."""
+        self.shown, self.current = b"", bytearray()
+        note = self.hide.note()
+        if note and self.screen is not None and self.screen.owner is not None:
+            note = b"\n" + note  # another stream's bar is on this line: end it
+            self.screen.owner = None
+        return note

@@ -300,9 +300,10 @@ def wait_for_launcher(launcher, watch, stop, plan):
                 return launcher.wait(), False
 
 
-def run_attempt(plan, prefix_output, address, restart, stop, catch_up):
+def run_attempt(plan, prefix_output, address, restart, stop, catch_up, startup=None):
     """Launches the job once, as ``plan`` says, and waits for its end."""
-    watch = DiagnosisWatch(*address, prefix_output=prefix_output, catch_up=catch_up)
+    watch = DiagnosisWatch(*address, prefix_output=prefix_output, catch_up=catch_up,
+                           startup=startup)
     cmd = plan.command(watch.address)
     child_env = dict(os.environ, **plan.env())
     child_env[TOKEN_VARIABLE] = watch.token
@@ -403,19 +404,22 @@ def next_catch_up(pending, attempt, number):
     return catch_up
 
 
-def run_with_restarts(plan, prefix_output, address, max_restarts, delay_s, shares_terminal):
+def run_with_restarts(plan, prefix_output, address, max_restarts, delay_s, shares_terminal,
+                      startup=None):
     """Runs the job until an attempt succeeds, a signal stops it, ``plan``
     says it cannot go on, or ``max_restarts`` restarts have failed too;
     returns the exit code.
 
     ``plan``: SameHosts or an elastic.ElasticPlan; ``address`` is (bind
-    address, advertised address) for the agents."""
+    address, advertised address) for the agents; ``startup``: the run's
+    startup_lines.StartupLines (one note over all attempts)."""
     lost = 0.0
     restarts = 0
     catch_up = None
     with UserStop(shares_terminal) as stop:
         while True:
-            attempt = run_attempt(plan, prefix_output, address, restarts, stop, catch_up)
+            attempt = run_attempt(plan, prefix_output, address, restarts, stop, catch_up,
+                                  startup)
             if attempt.code == 0 and attempt.stopped_by is None:
                 if restarts:
                     say(f"the job succeeded after {restarts} restart(s); "

@@ -25,7 +25,7 @@ from . import results as R
 from .rates import parse_rate
 
 DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/topology.md", "docs/untold_network.md",
-        "docs/failures.md")
+        "docs/failures.md", "docs/internals/scale_harness.md")
 BLOCK = re.compile(r"(<!-- results:(?P<view>[\w.\-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- /results:(?P=view) -->)", re.S)
 
@@ -445,6 +445,51 @@ def view_scale_table(result):
     return lines
 
 
+def view_peers(result):
+    """bench peers: the same script on Horovod and on keras_ddl's Horovod
+    front door, each against MPICH in its own launch."""
+    rows = _rows(result, "side_by_side")
+    head = ["case", "MPICH (ms)", "Horovod (ms)", "Horovod over MPICH", "keras_ddl (ms)",
+            "keras_ddl over MPICH", "keras_ddl over Horovod"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(field, fmt):
+        return _range(field, fmt) if isinstance(field, dict) else "-"
+    for r in rows:
+        lines.append(f"| {r['key']} | {cell(r['mpi_us'], _ms)} | {cell(r['horovod_us'], _ms)} "
+                     f"| {cell(r['horovod/mpi'], _ratio)} | {cell(r['keras_ddl_us'], _ms)} | "
+                     f"{cell(r['keras_ddl/mpi'], _ratio)} | "
+                     f"{cell(r['keras_ddl_speedup'], _ratio)} |")
+    launch = result["launches"][0]
+    peers = launch.get("peers", {})
+
+    def described(door, name):
+        v = peers.get(door, {}).get("versions")
+        if not v:
+            return f"{name}: not run ({launch.get('horovod_skipped') or 'no launch'})"
+        extra = f", controller {v['horovod_controller']}" if "horovod_controller" in v else ""
+        return (f"{name} {v.get(door, '?')} on TensorFlow {v.get('tensorflow', '?')}{extra}, "
+                f"{v.get('mpi', '?')}")
+    loads = [float(v.split()[0]) for x in result["launches"]
+             for p in x.get("peers", {}).values() for v in p.get("loadavg", [])]
+    wrong = sum(max(r["wrong"]["values"]) if isinstance(r["wrong"], dict) else r["wrong"]
+                for r in rows)
+    lines += ["", f"{launch.get('where', '?')}; float32. {described('horovod', 'Horovod')}; "
+                  f"{described('keras_ddl', 'keras_ddl')}. The eager rows are one "
+                  "`hvd.allreduce` (op=Sum) per size; the chain's time is per call; the "
+                  "ResNet-50 rows are the whole list (MPICH: an `MPI_Allreduce` per tensor). "
+                  "The MPICH column is the baseline of keras_ddl's launches (Horovod's "
+                  "launches time their own: `horovod_mpi_us` in the results file). "
+                  "X over MPICH = MPICH's time / X's time in X's own launch (each launch "
+                  "times mpi4py's `Allreduce` interleaved with its calls); keras_ddl over "
+                  "Horovod = Horovod's time / keras_ddl's time, their launches one after the "
+                  "other. The 1-minute load average during the launches: "
+                  + (f"{min(loads):g}-{max(loads):g}" if loads else "?")
+                  + f". Elements differing from the exact result: {wrong}.", "",
+              _source(result)]
+    return lines
+
+
 # name -> (results file, function, keyword arguments). A new results file
 # gets a view here, then a block in README.md or docs/PERFORMANCE.md.
 VIEWS = {
@@ -458,6 +503,8 @@ VIEWS = {
     "fit_overlap_2_cnn.layout": ("fit_overlap_2_cnn", view_fit_layout, {}),
     "backup_resnet50.cost": ("backup_resnet50", view_backup_cost, {}),
     "scale_harness.table": ("scale_harness", view_scale_table, {}),
+    "peers_1host.table": ("peers_1host", view_peers, {}),
+    "peers_2x2_1gbit.table": ("peers_2x2_1gbit", view_peers, {}),
     # Views ready for results files not made yet (see docs/results/README.md):
     "cluster_2x1_1gbit.allreduce": ("cluster_2x1_1gbit", view_cluster_allreduce, {}),
     "cluster_2x2_1gbit.allreduce": ("cluster_2x2_1gbit", view_cluster_allreduce, {}),

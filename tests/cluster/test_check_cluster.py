@@ -47,13 +47,18 @@ def test_every_rank_prints_its_line_from_its_host(launcher):
     # Not anchored: mpiexec forwards each rank's output on its own, so a
     # line can land after another rank's unfinished one.
     lines = re.findall(r"DDLCHECK (host=\S+ rank=\d+ local_rank=\d+ gpu=\S+ rack=\S+ "
-                       r"rack_source=\S+ shm_free=\d+)", proc.stdout)
+                       r"rack_source=\S+ shm_free=\d+ probe_port=\d+)", proc.stdout)
     fields = sorted((dict(w.split("=", 1) for w in line.split()) for line in lines),
                     key=lambda f: int(f["rank"]))
     assert [(f["rank"], f["host"], f["local_rank"]) for f in fields] == [
         (str(r), f"node{r // 2 + 1}", str(r % 2)) for r in range(6)], (lines, proc.stdout[-3000:])
     for f in fields:
         assert f["gpu"] == "none" and int(f["shm_free"]) > 0, f
+        assert 0 < int(f["probe_port"]) < 65536, f
+    # Each rank is a process with a responder of its own: two ranks of a
+    # node cannot share a port.
+    ports = [(f["host"], f["probe_port"]) for f in fields]
+    assert len(set(ports)) == len(ports), ports
 
 
 def test_the_sweep_has_nccl_tests_columns_and_nothing_wrong(launcher):

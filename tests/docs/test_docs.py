@@ -11,7 +11,8 @@
   as a work log, nothing names a file outside the repository, a figure in
   prose near a results file is one the file holds, and the settings table
   (custom_ops/common/settings.def) and ddlrun's forwarded prefixes are all
-  documented. (Notes in docs/performance-notes/ are dated history and keep
+  documented, and the settings guide and reference (settings.md, knobs.md)
+  name only variables the code reads and ddlrun options that exist. (Notes in docs/performance-notes/ are dated history and keep
   their words.)
 """
 
@@ -501,6 +502,46 @@ def test_every_setting_is_documented_with_its_scope():
         if scope == "PER_RANK" and (var in compared or f"`{var}`" not in not_compared):
             missing.append(f"settings.md does not name {var} among the settings not compared")
     assert not missing, missing
+
+
+def _read_by_the_code(name):
+    """Whether the core, the Python packages or setup.py read ``name`` (a
+    quoted string there, or a row of settings.def)."""
+    if name in {var for var, _ in _settings_rows()}:
+        return True
+    sources = [os.path.join(REPO, "setup.py")]
+    for top in ("src", "custom_ops"):
+        for ext in ("py", "cc", "h"):
+            sources += glob.glob(os.path.join(REPO, top, "**", f"*.{ext}"), recursive=True)
+    for path in sources:
+        with open(path, errors="replace") as f:
+            if f'"{name}"' in f.read():
+                return True
+    return False
+
+
+def test_the_settings_guide_names_only_settings_and_options_that_exist():
+    """Every DDL_* variable settings.md and knobs.md name is read by the
+    code, and every option of a `ddlrun ...` they quote is ddlrun's."""
+    sys.path.insert(0, os.path.join(REPO, "src"))
+    try:
+        from keras_ddl_launcher.ddlrun import build_parser
+    finally:
+        sys.path.pop(0)
+    options = {o for a in build_parser()._actions for o in a.option_strings}
+    options |= {"--no-prefix-output"}  # BooleanOptionalAction's negative form
+    unknown = []
+    for rel in ("docs/settings.md", "docs/knobs.md"):
+        page = _read(rel)
+        names = set(re.findall(r"\bDDL_[A-Z0-9_]*[A-Z0-9]\b", page))
+        assert len(names) >= 15, (rel, names)
+        unknown += [f"{rel}: {n}" for n in sorted(names) if not _read_by_the_code(n)]
+        quoted = re.findall(r"`ddlrun ([^`]*)`", page)
+        assert quoted, rel
+        for words in quoted:
+            unknown += [f"{rel}: ddlrun {w}" for w in words.replace("/", " ").split()
+                        if w.startswith("-") and w.split("=")[0] not in options]
+    assert not unknown, unknown
 
 
 def test_multinode_names_every_prefix_ddlrun_forwards():

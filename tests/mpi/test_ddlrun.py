@@ -147,7 +147,8 @@ def test_the_ddlrun_command_answers_help_without_tensorflow():
                                          "keras_ddl_launcher.deathwatch",
                                          "keras_ddl_launcher.hosts",
                                          "keras_ddl_launcher.rank_output",
-                                         "keras_ddl_launcher.settings"])
+                                         "keras_ddl_launcher.settings",
+                                         "keras_ddl_launcher.startup_lines"])
 
 
 def watch_and_agent(command, token=None, rank="5"):

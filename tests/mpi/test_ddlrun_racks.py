@@ -1,8 +1,10 @@
 """ddlrun's racks: -H host:slots@rack and a hostfile's rack column become
 DDL_TOPOLOGY for every rank; mixing hosts with and without racks, or a bad
 rack name, is a usage error; --verbose makes rank 0 print the topology the
-ranks agreed on."""
+ranks agreed on, and shows TensorFlow's start-up lines."""
 
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -51,13 +53,23 @@ def test_bad_racks_are_usage_errors(hosts, words, capsys):
 def test_verbose_prints_the_agreed_topology_once(tmp_path):
     host = socket.gethostname()
     script = tmp_path / "job.py"
-    script.write_text("import keras_ddl as ddl\nddl.init()\n"
+    script.write_text("import sys\nimport keras_ddl as ddl\nddl.init()\n"
                       "print('algorithm', ddl.allreduce_algorithm(), flush=True)\n"
+                      "sys.stderr.write('the user said so\\n')\n"
                       "ddl.shutdown()\n")
+    # TensorFlow's own log level (0, its default): its start-up lines are written.
     proc = subprocess.run(DDLRUN + ["-np", "2", "--verbose", "-H", f"{host}:2@rackA",
                                     sys.executable, str(script)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # --verbose shows TensorFlow's start-up lines (hidden by default:
+    # test_rank_output.py), with the user's own.
+    for rank in (0, 1):
+        for words in ("absl::InitializeLog", "oneDNN custom operations", "the user said so"):
+            assert re.search(rf"^\[{rank}\] .*{re.escape(words)}", proc.stderr, re.M), \
+                (rank, words, proc.stderr[-3000:])
+    assert "ddlrun: TensorFlow's start-up lines" not in proc.stderr
     printed = [line for line in (proc.stdout + proc.stderr).splitlines()
                if "[keras_ddl] topology:" in line]
     assert len(printed) == 1, proc.stdout + proc.stderr

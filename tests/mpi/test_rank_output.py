@@ -1,7 +1,10 @@
 """ddlrun's writing of rank output (keras_ddl_launcher/rank_output.py) on byte
 streams: Keras-style progress bars (backspaces, carriage returns, ANSI
 colours), reads cut anywhere, into a file or a pipe and onto a terminal;
-and one real ddlrun launch whose rank draws a Keras progress bar."""
+TensorFlow's start-up lines left out (startup_lines.py) and nothing else;
+and one real ddlrun launch whose rank draws a Keras progress bar, among
+TensorFlow's real start-up lines (hidden) and its own stderr lines (not).
+(--verbose showing them is checked in test_ddlrun_racks.py's launch.)"""
 
 import os
 import subprocess
@@ -10,6 +13,7 @@ import sys
 import pytest
 
 from keras_ddl_launcher.rank_output import ERASE_TO_END, MAX_LINE, RankOutput, Screen
+from keras_ddl_launcher.startup_lines import NOTE, StartupLines
 
 BOLD, GREEN, RESET = b"\x1b[1m", b"\x1b[32m", b"\x1b[0m"
 
@@ -131,24 +135,102 @@ def test_on_a_terminal_plain_lines_are_whole_and_not_drawn_early():
     assert stream.feed(b" line\n") == b"[4] half line\n"
 
 
+# TensorFlow 2.21's start-up lines on a machine without a GPU driver, as
+# one rank writes them to stderr (the launch below checks the real ones).
+TF_STARTUP = [
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    b"I0000 00:00:1796617428.961109   17639 port.cc:153] oneDNN custom operations are on. "
+    b"You may see slightly different numerical results due to floating-point round-off errors "
+    b"from different computation orders. To turn them off, set the environment variable "
+    b"`TF_ENABLE_ONEDNN_OPTS=0`.",
+    b"I0000 00:00:1796617428.961402   17639 cudart_stub.cc:31] Could not find cuda drivers on "
+    b"your machine, GPU will not be used.",
+    b"I0000 00:00:1796617429.068042   17639 cpu_feature_guard.cc:227] This TensorFlow binary is "
+    b"optimized to use available CPU instructions in performance-critical operations.",
+    b"To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild "
+    b"TensorFlow with the appropriate compiler flags.",
+    b"E0000 00:00:1796617434.981932   17639 cuda_platform.cc:52] failed call to cuInit: "
+    b"INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    # TF 2.15's header, and a CUDA install's duplicate registrations
+    b"2024-01-05 10:00:00.123456: I tensorflow/core/util/port.cc:113] oneDNN custom operations "
+    b"are on. You may see slightly different numerical results.",
+    b"E0000 00:00:1796617434.1   17639 cuda_fft.cc:485] Unable to register cuFFT factory: "
+    b"Attempting to register factory for plugin cuFFT when one has already been registered",
+    b"W0000 00:00:1796617434.2   17639 py_utils.cc:38] TF-TRT Warning: Could not find TensorRT",
+]
+# A user's lines, some shaped like TensorFlow's: every one passes.
+USER_LINES = [
+    b"W0000 00:00:1796617434.3   17639 train.py:12] my own warning",
+    b"To enable the following instructions: mine, in other operations, rebuild TensorFlow "
+    b"with the appropriate compiler flags.",  # not after the CPU-feature notice
+    b"oneDNN custom operations are on. (quoted by the user, without a log header)",
+    b"E0000 00:00:1796617434.4   17639 cuda_platform.cc:52] failed call to cuInit: "
+    b"CUDA_ERROR_NO_DEVICE",  # on a rank that found a driver: an error worth seeing
+    b"Traceback (most recent call last):",
+]
+
+
+def test_tensorflow_startup_lines_are_hidden_with_one_note_and_nothing_else():
+    run = StartupLines()
+    rank0 = RankOutput(b"[0] ", hide=run.stream())
+    rank1 = RankOutput(b"[1] ", hide=run.stream())
+    out0 = feed_all(rank0, [b"\n".join(TF_STARTUP) + b"\n"])
+    assert out0 == NOTE  # the note in the first hidden line's place
+    out1 = feed_all(rank1, [line + b"\n" for line in TF_STARTUP])
+    assert out1 == b""  # once per run, not per rank
+    assert run.hidden == 2 * len(TF_STARTUP)
+    # A rank with a CUDA driver: its cuInit failure is shown.
+    rank2 = RankOutput(b"[2] ", hide=run.stream())
+    assert feed_all(rank2, [b"\n".join(USER_LINES + TF_STARTUP[:1]) + b"\n"]) == \
+        b"".join(b"[2] " + line + b"\n" for line in USER_LINES)
+
+
+def test_verbose_hides_nothing():
+    run = StartupLines(show=True)
+    assert run.stream() is None
+    out = feed_all(RankOutput(b"[0] ", hide=run.stream()), [b"\n".join(TF_STARTUP) + b"\n"])
+    assert out == b"".join(b"[0] " + line + b"\n" for line in TF_STARTUP)
+
+
+def test_a_hidden_line_ends_another_streams_bar_on_the_terminal_before_the_note():
+    screen, run = Screen(), StartupLines()
+    bar = RankOutput(b"[0] ", screen)
+    startup = RankOutput(b"[1] ", screen, hide=run.stream())
+    assert bar.feed(b"\r1/4").endswith(ERASE_TO_END)
+    assert startup.feed(TF_STARTUP[0] + b"\n") == b"\n" + NOTE
+    assert startup.feed(TF_STARTUP[1] + b"\n") == b""
+    assert screen.owner is None
+
+
 BAR_SCRIPT = """
+import sys
 import keras, numpy as np
 from mpi4py import MPI
 if MPI.COMM_WORLD.Get_rank() == 0:
     bar = keras.utils.Progbar(4, interval=0)
     for step in range(1, 5):
         bar.update(step, [("loss", 1.0 / step)])
+sys.stderr.write("W0000 00:00:1.5  77 bar.py:8] the user's own warning\\n")
 print("END", flush=True)
 """
+# What TensorFlow's start-up lines contain (any TensorFlow 2.x).
+STARTUP_WORDS = (b"absl::InitializeLog", b"oneDNN custom operations", b"cuda drivers",
+                 b"cpu_feature_guard", b"To enable the following instructions")
 
 
 def test_ddlrun_writes_one_line_per_keras_bar_into_a_pipe(tmp_path):
     script = tmp_path / "bar.py"
     script.write_text(BAR_SCRIPT)
+    # TensorFlow's own log level (0, its default): its start-up lines are written.
     proc = subprocess.run([sys.executable, "-m", "keras_ddl_launcher.ddlrun", "-np", "2",
                            sys.executable, str(script)], capture_output=True, timeout=180,
-                          cwd=tmp_path, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                          cwd=tmp_path, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # Hidden, and said once; the user's own stderr lines pass.
+    assert proc.stderr.count(NOTE) == 1, proc.stderr[-3000:]
+    assert not [w for w in STARTUP_WORDS if w in proc.stdout + proc.stderr], proc.stderr[-3000:]
+    assert sorted(line for line in proc.stderr.split(b"\n") if b"user's own" in line) == \
+        [b"[%d] W0000 00:00:1.5  77 bar.py:8] the user's own warning" % r for r in (0, 1)]
     lines = proc.stdout.split(b"\n")
     bars = [line for line in lines if b"4/4" in line]
     assert len(bars) == 1, proc.stdout

@@ -1,5 +1,8 @@
 """The first-contact check's verdict (keras_ddl.check.verdict) on made-up
-tables: each rule names what it should and nothing else."""
+tables: each rule names what it should and nothing else; and the probe port
+the check prints, read from this process's own core (a world of one)."""
+
+import socket
 
 import pytest
 
@@ -12,6 +15,7 @@ def ranks(hosts, per_node=1, **fields):
     return [RankRecord(host=h, rank=i * per_node + j, local_rank=j, local_size=per_node,
                        shm_free=fields.get("shm_free", 8 << 30),
                        rack=fields.get("rack", ""), rack_source=fields.get("source", ""),
+                       probe_port=40000 + i * per_node + j,
                        settings=dict(fields.get("settings", {})))
             for i, h in enumerate(hosts) for j in range(per_node)]
 
@@ -68,6 +72,28 @@ def test_hosts_with_different_settings_are_named_per_value():
     found = problems(records, FAST)
     assert found == ["different settings: DDL_CYCLE_TIME_MS is (unset) on node1; "
                      "1 on node2, node3; 5 on node4"], found
+
+
+def test_a_rank_without_a_probe_port_is_named():
+    records = ranks(HOSTS, 2)
+    records[5].probe_port = 0
+    assert problems(records, FAST) == [
+        "no probe port: rank 5 on node3 could not open its probe port: when a collective "
+        "waits long, the other ranks will take it for unreachable, as a dead rank (see "
+        "docs/failures.md)"]
+
+
+def test_the_probe_port_is_where_this_process_answers_probes():
+    """basics.probe_port() (the check's probe_port=) is the core's probe
+    responder: it accepts a connection on loopback and, given a wrong
+    secret, closes it without a byte (docs/failures.md)."""
+    from keras_ddl.common import basics
+    basics.init()
+    port = basics.probe_port()
+    assert 0 < port < 65536
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"not the secret!!")
+        assert s.recv(64) == b""
 
 
 def test_rows_are_aligned_under_their_header():

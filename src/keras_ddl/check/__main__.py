@@ -164,6 +164,7 @@ def main(argv=None):
     args = parse_args(argv)
     free_before = shm_free()  # before init commits the staging area
     import keras_ddl as ddl
+    from keras_ddl.common.basics import probe_port
     ddl.init()
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -171,12 +172,11 @@ def main(argv=None):
     rack, source = own_rack(ddl, rank)
     record = RankRecord(host=socket.gethostname(), rank=rank, local_rank=ddl.local_rank(),
                         local_size=ddl.local_size(), gpu=visible_gpu(), rack=rack,
-                        rack_source=source, shm_free=free_before,
+                        rack_source=source, shm_free=free_before, probe_port=probe_port(),
                         settings={k: v for k, v in os.environ.items() if k.startswith("DDL_")})
-    # The keras_ddl core keeps its probe's ports to itself: no port here.
     print(f"DDLCHECK host={record.host} rank={rank} local_rank={record.local_rank} "
           f"gpu={record.gpu} rack={record.rack or 'none'} rack_source={record.rack_source} "
-          f"shm_free={record.shm_free}", flush=True)
+          f"shm_free={record.shm_free} probe_port={record.probe_port}", flush=True)
     records = [RankRecord(**r) for r in ddl.allgather_object(vars(record))]
     hosts = [r.host for r in records]
     rows = sweep(ddl, args, comm)

@@ -1,8 +1,8 @@
 """The check's rules, as pure functions of what the ranks measured, so
 that they can be tested on made-up numbers without launching anything.
 
-A rank's record (``RankRecord``) holds its place, its /dev/shm and its
-DDL_* settings; the links are each node's best measured pair rate."""
+A rank's record (``RankRecord``) holds its place, its /dev/shm, its probe
+port and its DDL_* settings; the links are each node's best measured pair rate."""
 
 import statistics
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ class RankRecord:
     rack: str = ""
     rack_source: str = ""
     shm_free: int = 0  # bytes free in /dev/shm before init
+    probe_port: int = 0  # the TCP port its process answers probes on; 0: none
     settings: dict = field(default_factory=dict)  # the rank's DDL_* environment
 
 
@@ -81,6 +82,11 @@ def problems(records, node_rates):
             found.append(f"/dev/shm too small: {r.host} had {r.shm_free / MIB:.1f} MiB free, "
                          f"its {r.local_size} ranks' staging area needs {need / MIB:.1f} MiB "
                          f"(raise /dev/shm, or set DDL_SHM_ARENA_MB, see docs/containers.md)")
+    for r in records:
+        if r.probe_port <= 0:
+            found.append(f"no probe port: rank {r.rank} on {r.host} could not open its probe "
+                         f"port: when a collective waits long, the other ranks will take it "
+                         f"for unreachable, as a dead rank (see docs/failures.md)")
     names = sorted({k for r in records for k in r.settings} - PER_RANK_SETTINGS)
     for name in names:
         values = {}

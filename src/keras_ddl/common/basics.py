@@ -275,6 +275,19 @@ def traffic():
                      "shared_output_bytes", "alltoall_bytes", "rack_bytes"), counters))
 
 
+def probe_port():
+    """The TCP port on which this process answers the other ranks' probes
+    when a collective waits long (docs/failures.md), or 0 if it could not
+    open one. Firewalls between hosts must let it through for a wait to be
+    diagnosed; ``python -m keras_ddl.check`` prints it."""
+    if not is_initialized():
+        init()
+    port = _core.ddl_probe_port()
+    if port < 0:
+        raise RuntimeError("keras_ddl is not initialized")
+    return port
+
+
 def timeline_mark(label):
     """Adds a marker (e.g. "step 10") to the timeline rank 0 writes when
     DDL_TIMELINE is set; does nothing otherwise."""

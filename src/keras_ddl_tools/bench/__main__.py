@@ -1,4 +1,4 @@
-"""``python -m keras_ddl.bench {allreduce,mwms,fit,backup,all,model}``; prints tables
+"""``python -m keras_ddl.bench {allreduce,mwms,fit,backup,all,model,peers}``; prints tables
 (docs/PERFORMANCE.md says how they are read and kept as results files)."""
 
 import argparse
@@ -108,7 +108,14 @@ def parse(argv):
     bk.add_argument("--dir", help="where the backups are written (default: a temporary "
                                   "directory)")
     bk.add_argument("--json", help="also write the results to this JSON file")
+    from . import peers
+    pe = sub.add_parser("peers", help="the same script on Horovod and on keras_ddl's Horovod "
+                                      "front door, each in its own Python environment, "
+                                      "against MPICH (do not start under mpiexec)")
+    peers.add_arguments(pe)
     args = parser.parse_args(argv)
+    if args.command == "peers":
+        peers.check_arguments(parser, args)
     if args.command == "backup" and (args.save_freq < 1 or args.steps < 3 * args.save_freq + 2):
         parser.error("backup: --save-freq must be >= 1 and --steps at least 3 x --save-freq "
                      "+ 2 (three saves inside the timed steps)")
@@ -165,6 +172,9 @@ def main(argv=None):
     elif args.command == "fit":
         from . import fit
         fit.main(args)
+    elif args.command == "peers":
+        from . import peers
+        peers.run(args)
     elif args.command == "backup":
         from . import backup
         backup.main(args)
