@@ -109,10 +109,13 @@ char* NodeAllreduce::ReduceOwnSlice(const SpanWalker& walker, const Chunk& c, Da
   return mine;
 }
 
+bool NodeAllreduce::Across() const {
+  return racks_ ? grid_.all->size() > 1 : cross_ != nullptr && cross_->size() > 1;
+}
+
 bool NodeAllreduce::CrossNode(char* mine, int64_t count, DataType dtype, DataType wire,
                               ReduceOp op, int divisor) {
-  const bool across = racks_ ? grid_.all->size() > 1 : cross_ != nullptr && cross_->size() > 1;
-  if (!across || count == 0) return false;
+  if (!Across() || count == 0) return false;
   // Across nodes the slice is summed, and divided once for Average: at the
   // end in the slice's own dtype, or, over a 16-bit wire, as the node sum
   // is converted (a node sum of float16-sized values can exceed 65504).

@@ -84,16 +84,22 @@ class NodeAllreduce {
            NodePhaseTimes* times = nullptr, const SharedResult* into = nullptr,
            int divisor = 0);
 
-  // The latency-bound path for a buffer of at most one slot on a single
-  // node (no cross-node step): one pass, whose only wait is for every
-  // local rank's data in its slot; each rank then combines all the slots
-  // itself, in rank order, straight into its outputs (the same bits as
-  // Run's). Average divides by `divisor` (0: the world size).
+  // The latency-bound path for a buffer of at most one slot: one pass.
+  // On one node its only wait is for every local rank's data in its slot;
+  // each rank then combines all the slots itself, in rank order, straight
+  // into its outputs. Across nodes local rank 0 sums the node's slots,
+  // runs the cross-node step (in `wire`, as Run) with the other nodes'
+  // rank 0s and shares the result; the others wait for it once. Both give
+  // Run's bits. Average divides by `divisor` (0: the world size).
   // node_small_allreduce.cc.
-  void RunSmall(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+  void RunSmall(const std::vector<Span>& spans, DataType dtype, DataType wire, ReduceOp op,
                 NodePhaseTimes* times = nullptr, int divisor = 0);
-  // Whether RunSmall may take `bytes`: one node, and one slot.
+  // Whether a call of `bytes` takes RunSmall: ChooseSinglePass
+  // (topology/choose_allreduce.h) with this node's cross-node step, slot
+  // and network choice (SetNetworkChoice).
   bool FitsSmall(size_t bytes) const;
+  // Whether a call has a cross-node step (over `cross` or the grid).
+  bool Across() const;
 
  private:
   // What both paths set up when a call starts: the walker over its spans
@@ -122,6 +128,10 @@ class NodeAllreduce {
     int64_t first = 0, count = 0;  // elements of the call's spans
     std::vector<int64_t> slice, offset;
   };
+  // RunSmall's two cases, after every rank posted its buffer in chunk c.
+  void SmallOnNode(CallFrame& f, const Chunk& c, int64_t count, DataType dtype, ReduceOp op);
+  void SmallAcross(CallFrame& f, const Chunk& c, int64_t count, DataType dtype, DataType wire,
+                   ReduceOp op);
   // A chunk's phases, in order. StartChunk fills `c` in place: the engine
   // keeps one Chunk, so a steady call allocates nothing.
   void StartChunk(int64_t first, int64_t count, Chunk* c);

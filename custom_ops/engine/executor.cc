@@ -81,6 +81,8 @@ std::unique_ptr<Autotuner> MakeTuner(const Context& ctx) {
       if (a.choice == NetworkChoice::kChain && nodes < 3) continue;
       candidates.push_back({a.name, a.choice, a.choice == NetworkChoice::kDirectExchange ? 1 : -1});
     }
+    // The node's single pass across nodes (up to a slot: classes 0-2).
+    if (ctx.node_memory) candidates.push_back({"NODE_LEADER_EXCHANGE", NetworkChoice::kNodeLeader, 2});
   } else {
     if (ctx.rank == 0) {
       std::fprintf(stderr, "keras_ddl autotune: nothing to tune: no allreduce step goes over "
@@ -283,17 +285,9 @@ void Executor::AllreduceBatch(std::vector<Work*>& batch, int active) {
   for (size_t i = 0; i < batch.size(); ++i) Finish(*batch[i], status[i]);
 }
 
-// Up to this many bytes a batch on one node takes the single pass: one
-// wait instead of the general path's two (three with the result pool), for
-// a combining pass over n slots instead of one slice. Above it the split
-// work wins as the bytes grow; 32 KB is inside the smallest slot (64 KB)
-// and above the 4 KB calls the single pass was measured on
-// (docs/performance-notes/2026-12-07-small-calls.md).
-constexpr size_t kSmallAllreduceBytes = 32 << 10;
-
 bool Executor::SmallOnNode(size_t total) const {
-  return node_allreduce_ && total > 0 && total <= kSmallAllreduceBytes &&
-         node_allreduce_->FitsSmall(total);
+  // The rule: ChooseSinglePass (topology/choose_allreduce.h).
+  return node_allreduce_ && node_allreduce_->FitsSmall(total);
 }
 
 void Executor::NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, int active,
@@ -307,9 +301,13 @@ void Executor::NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, int a
   }
   NodePhaseTimes times;
   if (SmallOnNode(total)) {
-    node_allreduce_->RunSmall(spans, batch[0]->dtype, op, &times, active);
+    node_allreduce_->RunSmall(spans, batch[0]->dtype, batch[0]->wire, op, &times, active);
     phases->insert(phases->end(), {{"SHM_COPY_IN", times.copy_in},
                                    {"SHM_SMALL_REDUCE", times.reduce_scatter}});
+    if (node_allreduce_->Across()) {
+      phases->insert(phases->end(), {{"SMALL_CROSS_NODE", times.cross_node},
+                                     {"SHM_SMALL_COPY_OUT", times.all_gather}});
+    }
     return;
   }
   node_allreduce_->Run(spans, batch[0]->dtype, batch[0]->wire, op, &times, nullptr, active);

@@ -39,7 +39,7 @@ class Executor {
   // `active` divides an Average (the ranks whose data counts).
   void NodeMemoryAllreduce(std::vector<Work*>& batch, ReduceOp op, int active, Phases* phases);
   // Whether a batch of `total` bytes takes the node's single pass
-  // (NodeAllreduce::RunSmall): one node, and small enough.
+  // (NodeAllreduce::RunSmall, chosen by ChooseSinglePass).
   bool SmallOnNode(size_t total) const;
   void FlatAllreduce(std::vector<Work*>& batch, ReduceOp op, int active, size_t total,
                      Phases* phases);

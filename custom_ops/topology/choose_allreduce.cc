@@ -70,4 +70,11 @@ NetworkChoice ChooseAllreduce(int ranks, size_t bytes, NetworkChoice choice, Net
   return NetworkChoice::kPairwiseRing;
 }
 
+bool ChooseSinglePass(bool across, size_t bytes, size_t slot_bytes, NetworkChoice choice) {
+  if (bytes == 0 || bytes > slot_bytes) return false;
+  if (!across) return bytes <= kSinglePassOnNodeBytes;
+  if (choice == NetworkChoice::kNodeLeader) return true;
+  return choice == NetworkChoice::kAuto && bytes <= kSinglePassAcrossBytes;
+}
+
 }  // namespace ddl

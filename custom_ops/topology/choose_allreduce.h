@@ -7,7 +7,9 @@
 //   the node's ranks meet in shared memory (algorithms/node_allreduce.h).
 // - Per call (the executor for the flat world, the node allreduce for its
 //   cross-node step): ChooseAllreduce's size rule, or the algorithm the
-//   autotuner (tuning/autotune.h) named for the call's size class.
+//   autotuner (tuning/autotune.h) named for the call's size class; and
+//   ChooseSinglePass, whether the node allreduce runs a call as its
+//   single pass (through the executor, NodeAllreduce::FitsSmall).
 //
 // The rack grid's own choice between its exchange and its pipeline, and
 // the pipeline's piece size, stay with it (RackGridAllreduce,
@@ -53,6 +55,10 @@ enum class NetworkChoice : uint8_t {
   kRackPipelineSized,  // RackAllreduce in the size rule's pieces (rack_allreduce.h)
   kRackPipelineSizedFp16Up,  // the same with fp16 on the uplinks (float32 buffers)
   kChain,            // ChainAllreduce (chain_allreduce.h) in the size rule's pieces
+  // The node allreduce's single pass across nodes (NodeAllreduce::RunSmall):
+  // the node's sum in shared memory, one exchange between the nodes'
+  // local rank 0s, the result shared. The cross-node step's choice.
+  kNodeLeader,
 };
 
 // What the job was told about the network a step runs over.
@@ -114,5 +120,31 @@ constexpr size_t kChainMinBytes = 256 << 10;
 NetworkChoice ChooseAllreduce(int ranks, size_t bytes,
                               NetworkChoice choice = NetworkChoice::kAuto,
                               NetworkShape shape = NetworkShape::kOneSwitch);
+
+// Up to this many bytes on one node the node allreduce takes its single
+// pass (NodeAllreduce::RunSmall): one wait instead of the general path's
+// two (three with the result pool), for a combining pass over n slots
+// instead of one slice. Above it the split work wins as the bytes grow;
+// 32 KB is inside the smallest slot (64 KB) and above the 4 KB calls the
+// single pass was measured on (docs/performance-notes/2026-12-07-small-calls.md).
+constexpr size_t kSinglePassOnNodeBytes = 32 << 10;
+// Up to this many bytes across nodes, the single pass too: local rank 0
+// sums the node's slots, exchanges the sum with the other nodes' rank 0s
+// and leaves the result in its slot for the node. The general path meets
+// the node's ranks twice and sends every local rank's slice over the
+// network, each a round whose wake-ups cost more than the bytes when the
+// calls are small (docs/performance-notes/2026-12-07-small-across-nodes.md).
+// Past it the slices spread the reduction and the sends over the node's
+// ranks; the autotuner may move the crossover (kNodeLeader, up to a slot).
+constexpr size_t kSinglePassAcrossBytes = 64 << 10;
+
+// Whether the node allreduce runs a call of `bytes` as its single pass.
+// `across`: the call has a cross-node step; `slot_bytes`: the arena's
+// slot, which must hold the whole call. Across nodes, `choice` kNodeLeader
+// takes it up to a slot and any other named choice (the autotuner timing
+// the general path) never; kAuto is the size rule above. The same on
+// every local rank of every node (all pass the same values).
+bool ChooseSinglePass(bool across, size_t bytes, size_t slot_bytes,
+                      NetworkChoice choice = NetworkChoice::kAuto);
 
 }  // namespace ddl

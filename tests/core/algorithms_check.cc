@@ -169,5 +169,27 @@ int main() {
          "a 1 KB call over 4 ranks takes the direct exchange");
   Expect(std::string(FlatAlgorithm(ChooseAllreduce(4, 64 << 20)).name) == "PAIRWISE_RING_ALLREDUCE",
          "a 64 MB call over 4 ranks takes the pairwise ring");
+  // The node allreduce's single pass: on one node up to 32 KB; across
+  // nodes by size up to 64 KB, up to a slot when the autotuner names it,
+  // never when it times the general path; never past the slot or empty.
+  const size_t slot = 1 << 20;
+  Expect(ChooseSinglePass(false, 4096, slot) && ChooseSinglePass(false, 32 << 10, slot) &&
+             !ChooseSinglePass(false, (32 << 10) + 4, slot),
+         "one node: the single pass up to 32 KB");
+  Expect(ChooseSinglePass(true, 4096, slot) && ChooseSinglePass(true, 64 << 10, slot) &&
+             !ChooseSinglePass(true, (64 << 10) + 4, slot),
+         "across nodes, auto: the single pass up to 64 KB");
+  Expect(ChooseSinglePass(true, slot, slot, NetworkChoice::kNodeLeader) &&
+             !ChooseSinglePass(true, slot + 4, slot, NetworkChoice::kNodeLeader),
+         "across nodes, kNodeLeader: the single pass up to a slot, not past it");
+  Expect(!ChooseSinglePass(true, 4096, slot, NetworkChoice::kDirectExchange) &&
+             !ChooseSinglePass(true, 4096, slot, NetworkChoice::kPairwiseRing),
+         "across nodes, a network algorithm named: the general path");
+  Expect(!ChooseSinglePass(false, 0, slot) && !ChooseSinglePass(true, 0, slot) &&
+             !ChooseSinglePass(false, 8192, 4096),
+         "nothing, or more than a slot: never the single pass");
+  Expect(std::string(FlatAlgorithm(ChooseAllreduce(4, 1024, NetworkChoice::kNodeLeader)).name) ==
+             "DIRECT_EXCHANGE_ALLREDUCE",
+         "kNodeLeader is no flat algorithm: the cross-node step keeps the size rule");
   return ddl_test::Summary();
 }

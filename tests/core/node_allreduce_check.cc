@@ -5,7 +5,11 @@
 // fused into one call with slots of one page, so chunks cut through
 // tensors and the slot ring wraps. Checked: every rank gets the same bits,
 // and they are the node sums in local-rank order combined in node order
-// (then one division for Average). Prints "<N> checks, <F> failures".
+// (then one division for Average). With `small`, the same through the
+// single pass (RunSmall: on one node each rank combines the slots, across
+// nodes local rank 0 sums the node and exchanges with the other nodes'),
+// four calls with the general path second, over a ring of three slots.
+// Prints "<N> checks, <F> failures".
 #include <unistd.h>
 
 #include <cmath>
@@ -48,26 +52,30 @@ float FromWire(DataType wire, uint16_t x) {
 // it is converted, then summed in the wire dtype, so every result is
 // finite (summing first and dividing after gives inf for float16).
 void Check(int nodes, int local, ReduceOp op, int call, int racks = 0,
-           DataType wire = DataType::kFloat32) {
+           DataType wire = DataType::kFloat32, bool small = false) {
   const int world = nodes * local;
   const int per_rack = racks > 0 ? nodes / racks : nodes;
   // With racks a tensor of 300001 and slots of 512 KB as well: slices big
   // enough that the cross step takes the pipelined schedule, not only
   // the one-round exchange.
   std::vector<int64_t> lengths = {1, 1000, 3, 4097, 0, 777};
-  if (racks > 0) lengths.push_back(300001);
-  const size_t slot_bytes = racks > 0 ? 512 << 10 : 4096;
+  if (racks > 0 && !small) lengths.push_back(300001);
+  // The single pass takes a whole call in one slot (23.5 KB here).
+  const size_t slot_bytes = small ? 64 << 10 : racks > 0 ? 512 << 10 : 4096;
+  const int calls = small ? 4 : 1;
   std::mt19937 rng(nodes * 100 + local * 10 + static_cast<int>(op));
   const bool near_max = wire == DataType::kFloat16;
   std::uniform_real_distribution<float> real(near_max ? 40000 : -1, near_max ? 65000 : 1);
-  // inputs[w][t]
-  std::vector<std::vector<std::vector<float>>> in(world), out(world);
+  // in[w][t], outs[call][w][t]
+  using PerRank = std::vector<std::vector<std::vector<float>>>;
+  PerRank in(world);
+  std::vector<PerRank> outs(calls, PerRank(world));
   for (int w = 0; w < world; ++w) {
     for (int64_t n : lengths) {
       std::vector<float> v(n);
       for (auto& x : v) x = real(rng);
       in[w].push_back(v);
-      out[w].push_back(std::vector<float>(n, std::nanf("")));
+      for (PerRank& out : outs) out[w].push_back(std::vector<float>(n, std::nanf("")));
     }
   }
   std::vector<std::unique_ptr<InProcessGroup>> node_planes, cross_groups;
@@ -98,14 +106,20 @@ void Check(int nodes, int local, ReduceOp op, int call, int racks = 0,
       column = std::make_unique<InProcessRank>(*columns[l][node % per_rack], node / per_rack);
       allreduce.UseRacks({&cross, rack.get(), column.get()});
     }
-    std::vector<Span> spans;
-    for (size_t t = 0; t < lengths.size(); ++t) {
-      spans.push_back({in[w][t].data(), out[w][t].data(), lengths[t]});
+    for (int k = 0; k < calls; ++k) {
+      std::vector<Span> spans;
+      for (size_t t = 0; t < lengths.size(); ++t) {
+        spans.push_back({in[w][t].data(), outs[k][w][t].data(), lengths[t]});
+      }
+      if (small && k != 1) {
+        allreduce.RunSmall(spans, DataType::kFloat32, wire, op);
+      } else {
+        allreduce.Run(spans, DataType::kFloat32, wire, op);
+      }
     }
-    allreduce.Run(spans, DataType::kFloat32, wire, op);
   });
 
-  const std::string label = (racks > 0 ? std::to_string(racks) + " racks of " : "") +
+  const std::string label = std::string(small ? "single pass " : "") + (racks > 0 ? std::to_string(racks) + " racks of " : "") +
                             std::to_string(nodes) + "x" + std::to_string(local) + " " +
                             ReduceOpName(op) +
                             (wire != DataType::kFloat32 ? std::string(" over ") + DataTypeName(wire)
@@ -137,16 +151,19 @@ void Check(int nodes, int local, ReduceOp op, int call, int racks = 0,
       }
       want[i] = op == ReduceOp::kAverage && !converted ? total / static_cast<float>(world) : total;
       if (near_max) {
-        Expect(std::isfinite(out[0][t][i]), label + " tensor " + std::to_string(t) +
-                                                " element " + std::to_string(i) + " is " +
-                                                std::to_string(out[0][t][i]));
+        Expect(std::isfinite(outs[0][0][t][i]), label + " tensor " + std::to_string(t) +
+                                                    " element " + std::to_string(i) + " is " +
+                                                    std::to_string(outs[0][0][t][i]));
       }
     }
-    for (int w = 0; w < world; ++w) {
-      const bool same = want.empty() ||
-                        std::memcmp(want.data(), out[w][t].data(), want.size() * sizeof(float)) == 0;
-      Expect(same, label + " tensor " + std::to_string(t) + " on rank " + std::to_string(w) +
-                       " is not the node-then-cross order result");
+    for (int k = 0; k < calls; ++k) {
+      for (int w = 0; w < world; ++w) {
+        const std::vector<float>& got = outs[k][w][t];
+        const bool same =
+            want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
+        Expect(same, label + " call " + std::to_string(k) + " tensor " + std::to_string(t) +
+                         " on rank " + std::to_string(w) + " is not the node-then-cross order result");
+      }
     }
   }
   for (int w = 0; w < world; ++w) {
@@ -239,6 +256,21 @@ int main() {
     }
     Check(4, 2, ReduceOp::kAverage, call++, 2, wire);
     Check(3, 1, ReduceOp::kAverage, call++, 3, wire);
+  }
+  // The single pass: 1-3 nodes x 1-3 local ranks (3 nodes: not a power
+  // of two), Sum / Average / Max; racks; Average over 16-bit wires.
+  for (int nodes : {1, 2, 3}) {
+    for (int local : {1, 2, 3}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+        Check(nodes, local, op, call++, 0, DataType::kFloat32, true);
+      }
+    }
+  }
+  Check(4, 2, ReduceOp::kSum, call++, 2, DataType::kFloat32, true);
+  Check(3, 2, ReduceOp::kMax, call++, 3, DataType::kFloat32, true);
+  for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+    Check(3, 2, ReduceOp::kAverage, call++, 0, wire, true);
+    Check(4, 2, ReduceOp::kAverage, call++, 2, wire, true);
   }
   FailureNoteNamesLargeRanks(call++);
   ArenaIsCommittedAtSetUp(call++);

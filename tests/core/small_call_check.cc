@@ -97,7 +97,7 @@ void SteadyCallsAllocateNothing() {
       const std::vector<Span> spans = {{in.data(), out.data(), 1024}};
       auto call = [&] {
         if (small) {
-          allreduce.RunSmall(spans, DataType::kFloat32, ReduceOp::kSum);
+          allreduce.RunSmall(spans, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum);
         } else {
           allreduce.Run(spans, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum);
         }
@@ -148,7 +148,7 @@ void SmallMatchesTheGeneralOrder(int ranks, ReduceOp op) {
       // Alone, each tensor fits RunSmall's slot (4097 floats < 32 KB);
       // all six do not.
       if (round % 2 == 0) {
-        for (const Span& s : spans) allreduce.RunSmall({s}, DataType::kFloat32, op);
+        for (const Span& s : spans) allreduce.RunSmall({s}, DataType::kFloat32, DataType::kFloat32, op);
       } else {
         allreduce.Run(spans, DataType::kFloat32, DataType::kFloat32, op);
       }
@@ -184,7 +184,8 @@ void SmallNamesAMissingRank() {
     if (r != 0) return;
     std::vector<float> in(8, 1), out(8);
     try {
-      allreduce.RunSmall({{in.data(), out.data(), 8}}, DataType::kFloat32, ReduceOp::kSum);
+      allreduce.RunSmall({{in.data(), out.data(), 8}}, DataType::kFloat32, DataType::kFloat32,
+                         ReduceOp::kSum);
     } catch (const PeerTimeout& e) {
       message = e.what();
     }
@@ -216,7 +217,7 @@ int Cost(bool small, int calls) {
     const std::vector<Span> spans = {{in.data(), out.data(), 1024}};
     for (int i = 0; i < calls; ++i) {
       if (small) {
-        allreduce.RunSmall(spans, DataType::kFloat32, ReduceOp::kSum);
+        allreduce.RunSmall(spans, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum);
       } else {
         allreduce.Run(spans, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum);
       }

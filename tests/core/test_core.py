@@ -151,7 +151,8 @@ def test_node_shared_memory_allreduce_on_threads_as_ranks(tmp_path):
     racks x 1-3 nodes x 1-2 local ranks with the rack allreduce as the
     cross step (local ranks, then nodes, then racks in order)."""
     proc = build_and_run("node_allreduce_check.cc",
-                         ["algorithms/node_allreduce.cc", "algorithms/rack_allreduce.cc",
+                         ["algorithms/node_allreduce.cc", "algorithms/node_small_allreduce.cc",
+                          "algorithms/rack_allreduce.cc",
                           "transport/shm_arena.cc", "transport/node_segment.cc", *ALGORITHMS],
                          tmp_path)
     assert_no_failures(proc)

@@ -45,7 +45,8 @@ RUN_ALL = os.environ.get("DDL_SANITIZE_ALL") == "1"
 
 PROBE = ["transport/probe_responder.cc", "transport/probe_socket.cc", "common/job_secret.cc",
          "common/types.cc"]
-SHM = ["algorithms/node_allreduce.cc", "algorithms/rack_allreduce.cc", "transport/shm_arena.cc",
+SHM = ["algorithms/node_allreduce.cc", "algorithms/node_small_allreduce.cc",
+       "algorithms/rack_allreduce.cc", "transport/shm_arena.cc",
        "transport/node_segment.cc", *ALGORITHMS]
 ENGINE = "engine"  # stands for engine_sources(), globbed when the case runs
 

@@ -152,3 +152,14 @@ def test_racks_measured_once_saved_and_reused(launcher, tmp_path):
     first, chosen, mtime = check_measured(launch(launcher, 4, "racks", table_file), table_file,
                                           4, "racks", candidates)
     check_loaded(launch(launcher, 4, "racks", table_file), table_file, first, chosen, mtime)
+
+
+def test_cross_node_step_measured_with_the_node_single_pass(launcher, tmp_path):
+    """4 ranks as 2 virtual nodes of 2: the cross-node step's candidates,
+    the node's single pass among them, each measured in both size classes,
+    every result in node-then-cross order bit for bit through the
+    switches."""
+    table_file = tmp_path / "autotune.txt"
+    check_measured(launch(launcher, 4, "cross", table_file), table_file, 4, "cross-node",
+                   ["DIRECT_EXCHANGE_ALLREDUCE", "PAIRWISE_RING_ALLREDUCE",
+                    "NODE_LEADER_EXCHANGE"])

@@ -8,6 +8,10 @@ DDL_AUTOTUNE_FILE; the argument picks the network step tuned:
          DDL_UPLINK_COMPRESSION=auto (RACK_ALLREDUCE_SIZED_FP16UP a
          candidate too: a call it ran must be the fp16-uplink rounding,
          any other the plain order, bit for bit).
+  cross  4 ranks, DDL_LOCAL_SIZE=2: two virtual nodes of two ranks, the
+         cross-node step of the hierarchical path, with the node's single
+         pass (NODE_LEADER_EXCHANGE) a candidate; results are each node's
+         ranks in order, then the nodes in order.
 
 Allreduces of two sizes (two size classes) alternate, through the
 measurements, the decisions (the algorithms, then the fusion threshold
@@ -37,7 +41,8 @@ SIZES = (1000, 100000)  # float32: < 64 KiB and 64 KiB - 1 MiB
 CALLS = 40
 # What main() reports, for the mode it runs (tests/mpi/test_autotune_mpi.py
 # reads both of the modes it launches).
-CASES = ("results_world", "settings_world", "results_racks", "settings_racks")
+CASES = ("results_world", "settings_world", "results_racks", "settings_racks",
+         "results_cross", "settings_cross")
 
 
 def through_half(x):
@@ -50,6 +55,8 @@ def expected(everyone, mode):
     if mode == "racks":  # rack ra = ranks 0-1, rack rb = ranks 2-3
         ra, rb = everyone[0] + everyone[1], everyone[2] + everyone[3]
         return [ra + rb, through_half(through_half(ra) + through_half(rb))]
+    if mode == "cross":  # node 0 = ranks 0-1, node 1 = ranks 2-3
+        return [(everyone[0] + everyone[1]) + (everyone[2] + everyone[3])]
     total = everyone[0]
     for x in everyone[1:]:
         total = total + x
@@ -58,7 +65,7 @@ def expected(everyone, mode):
 
 def main():
     mode = sys.argv[1]
-    os.environ["DDL_LOCAL_SIZE"] = "1"
+    os.environ["DDL_LOCAL_SIZE"] = "2" if mode == "cross" else "1"
     if mode == "racks":
         os.environ["SLURM_TOPOLOGY_ADDR"] = f"core.{'ra' if RANK < 2 else 'rb'}.n{RANK}"
         os.environ["SLURM_TOPOLOGY_ADDR_PATTERN"] = "switch.switch.node"
@@ -72,7 +79,7 @@ def main():
     import keras_ddl as ddl
     ddl.init()
     problems = []
-    want_algorithm = "racks" if mode == "racks" else "flat"
+    want_algorithm = {"racks": "racks", "cross": "hierarchical"}.get(mode, "flat")
     if ddl.allreduce_algorithm() != want_algorithm:
         problems.append(f"allreduce algorithm {ddl.allreduce_algorithm()}, not {want_algorithm}")
     rng = np.random.default_rng(100 + RANK)
