@@ -118,6 +118,7 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   // At once: this node's ranks waiting on this one in shared memory learn
   // whom it lost, instead of timing out on it.
   if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(awaited);
+  if (ctx_->agreement) ctx_->agreement->memory().PostFailureNote(awaited);
   // The liveness judge probed every rank a moment ago when it gave up on
   // the wait: its states are the report's. Otherwise (a transport error)
   // probe now: a probe answers within milliseconds, a host behind a cut
@@ -147,6 +148,7 @@ void Engine::OnInternalError(const std::exception& e, const char* phase) {
                              ". This is a bug in keras_ddl, not a lost peer: please report it "
                              "with this line";
   if (ctx_->node_memory) ctx_->node_memory->PostFailureNote({});
+  if (ctx_->agreement) ctx_->agreement->memory().PostFailureNote({});
   if (!ctx_->end_process_on_peer_failure) {
     FailAll(Status::Internal(report + ctx_->Where()));
     return;
@@ -198,7 +200,7 @@ void Engine::AwaitOtherReports() {
 
 Engine::Engine(std::unique_ptr<Context> ctx)
     : ctx_(std::move(ctx)),
-      controller_(*ctx_->world, ctx_->config),
+      controller_(ctx_->NegotiationPlane(), ctx_->config),
       executor_(*ctx_) {
   thread_ = std::thread(&Engine::Loop, this);
 }

@@ -1,0 +1,39 @@
+#include "node_agreement.h"
+
+#include <cstring>
+
+namespace ddl {
+
+NodeAgreement::NodeAgreement(ControlPlane& inner, ControlPlane& node,
+                             const std::string& name_token, size_t max_words)
+    : inner_(inner), max_words_(max_words) {
+  if (node.size() != inner.size() || node.rank() != inner.rank()) {
+    throw TransportError("the node agreement needs every rank of its plane on one node, in "
+                         "the same order");
+  }
+  arena_ = ShmArena::Create(node, name_token, max_words * sizeof(uint64_t), 2);
+}
+
+void NodeAgreement::AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) {
+  if (words.size() > max_words_ || size() == 1) {
+    if (size() > 1) inner_.AllreduceBitwiseAnd(words, idle);
+    return;
+  }
+  const uint64_t round = ++round_;
+  const int parity = static_cast<int>(round & 1);
+  const size_t bytes = words.size() * sizeof(uint64_t);
+  std::memcpy(arena_->Slot(arena_->rank(), parity), words.data(), bytes);
+  // The release of the counter publishes the slot's words with it.
+  arena_->Publish(ShmArena::kPosted, round);
+  // An idle round waits at the pace that favours the core, like the MPI
+  // round it replaces; a round with work waits at shared memory's pace.
+  arena_->WaitForAll(ShmArena::kPosted, round,
+                     idle ? IdlePace(10) : SharedMemoryPace());
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    const uint64_t* theirs = reinterpret_cast<const uint64_t*>(arena_->Slot(r, parity));
+    for (size_t i = 0; i < words.size(); ++i) words[i] &= theirs[i];
+  }
+}
+
+}  // namespace ddl
