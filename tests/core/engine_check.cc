@@ -743,6 +743,8 @@ void ChoiceWordsAreReadByName() {
 
 }  // namespace
 
+namespace {
+
 // With node shared memory on one node (DDL_ALLREDUCE=auto), the cached
 // cycle's AND goes through it (Context::agreement): 200 eager calls of one
 // name are exact, and every cycle after the first went through shared
@@ -778,6 +780,8 @@ void ChecksWithSharedMemoryNegotiation() {
   JoinWithStaggeredRanks();
   SilentRank();
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   Settings common{{"DDL_ALLREDUCE", "flat"}, {"DDL_SHM_POOL_MB", "0"},
