@@ -228,6 +228,7 @@ std::vector<std::pair<Work, Status>> Engine::Queue(std::vector<Work> works) {
     Status s = broken_.ok() ? Validate(w) : broken_;
     if (s.ok()) {
       queue_.push_back(std::move(w));
+      queued_.store(queue_.size(), std::memory_order_release);
     } else {
       rejected.emplace_back(std::move(w), s);
     }
@@ -343,6 +344,7 @@ void Engine::FailAll(const Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_.ok()) broken_ = status;
     queued.swap(queue_);
+    queued_ = 0;
   }
   // Works the cycle took are failed too: a done callback that is never
   // called leaves an eager op waiting forever. Finish is a no-op for the
@@ -417,7 +419,9 @@ void Engine::Loop() {
     priority = ctx_->size > ctx_->local_size ? EnginePriority::kHigh : EnginePriority::kNormal;
   }
   ClaimEngineThread(priority);
+  bool ran_here = false;  // this thread's last cycle ran works
   while (!stopped_) {
+    if (ran_here) AwaitNextWork();
     // An engine with nothing to do doubles its wait each idle cycle, up to
     // 2^kMaxIdleDoublings cycles: while the model computes, ranks meet a
     // few times per step instead of every cycle, which on a core shared
@@ -450,7 +454,31 @@ void Engine::Loop() {
     }
     CycleOwnerScope owner(this);
     if (!GuardedCycle()) Stop();
+    ran_here = last_cycle_ran_;
   }
+}
+
+// In a chain of dependent ops (a tf.function's), each op's done callback,
+// run by this thread, lets TensorFlow's executor start the next op on one
+// of its threads, which enqueues it some microseconds later. Asleep on
+// wake_, this thread would need a futex wake for each op (and the ranks'
+// engine threads wake at moments of their own); polling a moment instead
+// takes the op at once. Yields, not naps: TensorFlow's thread may need
+// this core. A model's gradients arrive the same way, so this costs a
+// poll after their cycles; an eager call's cycle runs on its caller, and
+// the engine thread then does not poll.
+void Engine::AwaitNextWork() {
+  constexpr int kSpinPolls = 100;
+  constexpr auto kWatch = std::chrono::microseconds(100);
+  const auto until = std::chrono::steady_clock::now() + kWatch;
+  for (int polls = 0; queued_.load(std::memory_order_acquire) == 0; ++polls) {
+    if (shutdown_requested_ || stopped_) return;
+    if (polls >= kSpinPolls) {
+      if (std::chrono::steady_clock::now() >= until) return;
+      std::this_thread::yield();
+    }
+  }
+  ++polled_takes_;
 }
 
 bool Engine::GuardedCycle() {
@@ -477,6 +505,7 @@ bool Engine::RunCycle() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     arrived_.swap(queue_);
+    queued_ = 0;
   }
   const bool had_arrivals = !arrived_.empty();
   // Each work leaves arrived_ only once Admit has put it in works_ or
@@ -535,6 +564,7 @@ bool Engine::RunCycle() {
     return false;
   }
   const bool ran_any = !runnable_.empty();
+  last_cycle_ran_ = ran_any;
   runnable_.clear();
   const bool idle = !had_arrivals && !ran_any && works_.empty() && !join_ &&
                     !outcome.exchanged;

@@ -773,6 +773,34 @@ void SteadyCycleInSharedMemory() {
   });
 }
 
+// A chain of dependent calls as a tf.function runs them: each call is
+// enqueued (not driven) by a thread that waits for the previous one's
+// result, as TensorFlow's executor does. Every result is right, and the
+// engine thread took most calls by its poll after the previous cycle,
+// without a wake (Engine::AwaitNextWork).
+void ChainOfEnqueuedCalls() {
+  Settings settings{{"DDL_ALLREDUCE", "auto"}};
+  constexpr int kRanks = 2, kCalls = 200;
+  InProcessGroup group(kRanks, 1 << 16);
+  group.Run([&](int r) {
+    auto engine = MakeEngine(group, r);
+    std::vector<float> value(1024, float(r + 1));
+    bool exact = true;
+    for (int i = 0; i < kCalls; ++i) {
+      auto t = std::make_shared<Tensor>(value);
+      engine->Enqueue(One(Collective("link", t, ReduceOp::kAverage)));
+      while (!t->done) std::this_thread::yield();
+      exact &= t->status.ok() && t->out[0] == 1.5f && t->out[1023] == 1.5f;
+      value = t->out;
+    }
+    Expect(exact, "every call of the chain is right" + R(r));
+    const uint64_t polled = engine->polled_takes();
+    Expect(polled > 0, "the engine thread took calls of the chain by polling" + R(r));
+    std::printf("chain: rank %d's engine thread took %llu of %d calls by polling\n", r,
+                static_cast<unsigned long long>(polled), kCalls);
+  });
+}
+
 void ChecksWithSharedMemoryNegotiation() {
   Settings settings{{"DDL_ALLREDUCE", "auto"}};
   EagerCallsWhileOthersEnqueue();
@@ -804,6 +832,7 @@ int main(int argc, char** argv) {
       {"choice-words", ChoiceWordsAreReadByName},
       {"steady-shm", SteadyCycleInSharedMemory},
       {"shm-negotiation", ChecksWithSharedMemoryNegotiation},
+      {"chain", ChainOfEnqueuedCalls},
   };
   if (only == "small-shm") {  // only inside its mount namespace (see SmallDevShm)
     SmallDevShm();
