@@ -422,6 +422,7 @@ void Engine::Loop() {
   bool ran_here = false;  // this thread's last cycle ran works
   while (!stopped_) {
     if (ran_here) AwaitNextWork();
+    ran_here = false;
     // An engine with nothing to do doubles its wait each idle cycle, up to
     // 2^kMaxIdleDoublings cycles: while the model computes, ranks meet a
     // few times per step instead of every cycle, which on a core shared
