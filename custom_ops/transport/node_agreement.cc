@@ -1,5 +1,6 @@
 #include "node_agreement.h"
 
+#include <chrono>
 #include <cstring>
 
 namespace ddl {
@@ -24,9 +25,13 @@ void NodeAgreement::AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle)
   // The release of the counter publishes the slot's words with it.
   arena_->Publish(ShmArena::kPosted, round);
   // An idle round waits at the pace that favours the core, like the MPI
-  // round it replaces; a round with work waits at shared memory's pace.
-  arena_->WaitForAll(ShmArena::kPosted, round,
-                     idle ? IdlePace(10) : SharedMemoryPace());
+  // round it replaces; a round with work spins at shared memory's pace,
+  // but naps at most 100 us as that round did: in a chain of ops the other
+  // rank often arrives a few hundred microseconds late, and a nap of up to
+  // 1 ms would add the rest of itself to the call.
+  WaitPace busy = SharedMemoryPace();
+  busy.max_nap = std::chrono::microseconds(100);
+  arena_->WaitForAll(ShmArena::kPosted, round, idle ? IdlePace(10) : busy);
   for (int r = 0; r < size(); ++r) {
     if (r == rank()) continue;
     const uint64_t* theirs = reinterpret_cast<const uint64_t*>(arena_->Slot(r, parity));
