@@ -272,6 +272,7 @@ Status Context::SetUpNodeMemory() {
   node_memory->SetPeerTimeout(config.peer_timeout_s);
   node_memory->SetLiveness(judge.get());
   hierarchical = cross_size > 1;
+  SetUpAgreement(std::to_string(token[0]) + "." + std::to_string(node_id[0]) + ".agree");
   if (local_size > 1 && config.shm_pool_mb > 0) {
     try {
       output_pool = ShmPool::Create(
@@ -287,6 +288,26 @@ Status Context::SetUpNodeMemory() {
     }
   }
   return Status::Ok();
+}
+
+void Context::SetUpAgreement(const std::string& token) {
+  if (cross_size != 1 || size < 2) return;
+  // The cycle's words: flags, two bits per cache slot, a bit per rank
+  // (negotiation/controller.cc). A cache too large for 64 KiB keeps MPI.
+  const size_t words = 1 + 2 * ((static_cast<size_t>(config.cache_capacity) + 63) / 64) +
+                       (static_cast<size_t>(size) + 63) / 64;
+  Status made = Status::Ok();
+  try {
+    if (words <= 8192) agreement = std::make_unique<NodeAgreement>(*world, *local, token, words);
+  } catch (const TransportError& e) {
+    made = Status::Internal(e.what());
+  }
+  // Every rank uses it, or none: a round half in shared memory, half over
+  // MPI would never end. Without it the cycle is MPI's, as before.
+  if (!AgreeOnOutcome(*world, made).ok()) agreement.reset();
+  if (!agreement) return;
+  agreement->memory().SetPeerTimeout(config.peer_timeout_s);
+  agreement->memory().SetLiveness(judge.get());
 }
 
 // Every rank parses its environment, then all learn whether any rank failed,

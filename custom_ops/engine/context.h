@@ -9,6 +9,7 @@
 
 #include "../algorithms/allreduce.h"
 #include "../transport/group.h"
+#include "../transport/node_agreement.h"
 #include "../transport/shm_arena.h"
 #include "../transport/shm_pool.h"
 #include "../common/config.h"
@@ -72,6 +73,13 @@ struct Context {
   // Shared memory of this node's ranks; null when allreduce runs flat.
   std::unique_ptr<ShmArena> node_memory;
   bool hierarchical = false;  // node_memory plus a cross-node step
+  // With node_memory on a single node of several ranks: `world` whose
+  // bitwise AND (the negotiation's cached cycle) goes through the node's
+  // shared memory. Null otherwise; NegotiationPlane() says which to use.
+  std::unique_ptr<NodeAgreement> agreement;
+  ControlPlane& NegotiationPlane() const {
+    return agreement ? static_cast<ControlPlane&>(*agreement) : *world;
+  }
   // Where allreduce results live with node_memory, several local ranks and
   // DDL_SHM_POOL_MB > 0; null otherwise. Shared: output tensors keep it
   // mapped after shutdown.
@@ -132,6 +140,9 @@ struct Context {
   // Sets up node_memory when DDL_ALLREDUCE and the nodes call for it
   // (UseNodeMemory, topology/choose_allreduce.h).
   Status SetUpNodeMemory();
+  // Sets up `agreement` when every rank is on this node (after node_memory;
+  // `token` names the job and node). Without it negotiation goes over MPI.
+  void SetUpAgreement(const std::string& token);
   // Learns the racks (every rank of `world` agrees) and, when they are
   // used, splits the rack groups.
   Status LearnRacks();

@@ -118,6 +118,7 @@ void Engine::OnPeerFailure(const std::exception& e, const char* phase) {
   // At once: this node's ranks waiting on this one in shared memory learn
   // whom it lost, instead of timing out on it.
   if (ctx_->node_memory) ctx_->node_memory->PostFailureNote(awaited);
+  if (ctx_->agreement) ctx_->agreement->memory().PostFailureNote(awaited);
   // The liveness judge probed every rank a moment ago when it gave up on
   // the wait: its states are the report's. Otherwise (a transport error)
   // probe now: a probe answers within milliseconds, a host behind a cut
@@ -147,6 +148,7 @@ void Engine::OnInternalError(const std::exception& e, const char* phase) {
                              ". This is a bug in keras_ddl, not a lost peer: please report it "
                              "with this line";
   if (ctx_->node_memory) ctx_->node_memory->PostFailureNote({});
+  if (ctx_->agreement) ctx_->agreement->memory().PostFailureNote({});
   if (!ctx_->end_process_on_peer_failure) {
     FailAll(Status::Internal(report + ctx_->Where()));
     return;
@@ -198,7 +200,7 @@ void Engine::AwaitOtherReports() {
 
 Engine::Engine(std::unique_ptr<Context> ctx)
     : ctx_(std::move(ctx)),
-      controller_(*ctx_->world, ctx_->config),
+      controller_(ctx_->NegotiationPlane(), ctx_->config),
       executor_(*ctx_) {
   thread_ = std::thread(&Engine::Loop, this);
 }
@@ -226,6 +228,7 @@ std::vector<std::pair<Work, Status>> Engine::Queue(std::vector<Work> works) {
     Status s = broken_.ok() ? Validate(w) : broken_;
     if (s.ok()) {
       queue_.push_back(std::move(w));
+      queued_.store(queue_.size(), std::memory_order_release);
     } else {
       rejected.emplace_back(std::move(w), s);
     }
@@ -341,6 +344,7 @@ void Engine::FailAll(const Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_.ok()) broken_ = status;
     queued.swap(queue_);
+    queued_ = 0;
   }
   // Works the cycle took are failed too: a done callback that is never
   // called leaves an eager op waiting forever. Finish is a no-op for the
@@ -415,7 +419,10 @@ void Engine::Loop() {
     priority = ctx_->size > ctx_->local_size ? EnginePriority::kHigh : EnginePriority::kNormal;
   }
   ClaimEngineThread(priority);
+  bool ran_here = false;  // this thread's last cycle ran works
   while (!stopped_) {
+    if (ran_here) AwaitNextWork();
+    ran_here = false;
     // An engine with nothing to do doubles its wait each idle cycle, up to
     // 2^kMaxIdleDoublings cycles: while the model computes, ranks meet a
     // few times per step instead of every cycle, which on a core shared
@@ -448,7 +455,31 @@ void Engine::Loop() {
     }
     CycleOwnerScope owner(this);
     if (!GuardedCycle()) Stop();
+    ran_here = last_cycle_ran_;
   }
+}
+
+// In a chain of dependent ops (a tf.function's), each op's done callback,
+// run by this thread, lets TensorFlow's executor start the next op on one
+// of its threads, which enqueues it some microseconds later. Asleep on
+// wake_, this thread would need a futex wake for each op (and the ranks'
+// engine threads wake at moments of their own); polling a moment instead
+// takes the op at once. Yields, not naps: TensorFlow's thread may need
+// this core. A model's gradients arrive the same way, so this costs a
+// poll after their cycles; an eager call's cycle runs on its caller, and
+// the engine thread then does not poll.
+void Engine::AwaitNextWork() {
+  constexpr int kSpinPolls = 100;
+  constexpr auto kWatch = std::chrono::microseconds(100);
+  const auto until = std::chrono::steady_clock::now() + kWatch;
+  for (int polls = 0; queued_.load(std::memory_order_acquire) == 0; ++polls) {
+    if (shutdown_requested_ || stopped_) return;
+    if (polls >= kSpinPolls) {
+      if (std::chrono::steady_clock::now() >= until) return;
+      std::this_thread::yield();
+    }
+  }
+  ++polled_takes_;
 }
 
 bool Engine::GuardedCycle() {
@@ -475,6 +506,7 @@ bool Engine::RunCycle() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     arrived_.swap(queue_);
+    queued_ = 0;
   }
   const bool had_arrivals = !arrived_.empty();
   // Each work leaves arrived_ only once Admit has put it in works_ or
@@ -533,6 +565,7 @@ bool Engine::RunCycle() {
     return false;
   }
   const bool ran_any = !runnable_.empty();
+  last_cycle_ran_ = ran_any;
   runnable_.clear();
   const bool idle = !had_arrivals && !ran_any && works_.empty() && !join_ &&
                     !outcome.exchanged;

@@ -57,6 +57,10 @@ class Engine {
   // woken by it, tens of microseconds per call. Otherwise it is Enqueue.
   void EnqueueAndDrive(std::vector<Work> works);
 
+  // Works the engine thread took by polling right after a cycle that ran
+  // works (AwaitNextWork), without being woken.
+  uint64_t polled_takes() const { return polled_takes_.load(); }
+
   // True on the thread running one of this engine's cycles, while it runs it
   // (the engine thread, or a driving caller between and during its cycles).
   bool OnCycleThread() const;
@@ -71,6 +75,9 @@ class Engine {
 
  private:
   void Loop();
+  // After the engine thread ran works: polls queued_ for a moment (spins,
+  // then yields, never sleeps), as the next op of a chain arrives then.
+  void AwaitNextWork();
   // Queues the valid works (without waking the engine thread); returns the
   // invalid ones, with their reasons, for the caller to finish.
   std::vector<std::pair<Work, Status>> Queue(std::vector<Work> works);
@@ -130,6 +137,11 @@ class Engine {
   std::vector<Work> runnable_;   // agreed this cycle, running
   std::unique_ptr<Work> join_;   // this rank's join, until every rank joined
   std::atomic<int> idle_cycles_{0};  // cycles in a row with nothing to do
+  // queue_'s length, for the engine thread's brief poll (AwaitNextWork)
+  // without taking mutex_.
+  std::atomic<size_t> queued_{0};
+  std::atomic<uint64_t> polled_takes_{0};
+  bool last_cycle_ran_ = false;  // under cycle_mutex_: the cycle ran works
   std::thread thread_;
 };
 

@@ -100,7 +100,7 @@ void ShmArena::ThrowTimeout(int r, const std::string& why) const {
   throw PeerTimeout(silence, {world_ranks_[r]});
 }
 
-void ShmArena::WaitForAll(Counter counter, uint64_t value) {
+void ShmArena::WaitForAll(Counter counter, uint64_t value, WaitPace pace) {
   for (int r = 0; r < size_; ++r) {
     std::atomic<uint64_t>* c = CounterOf(r, counter);
     uint64_t seen = c->load(std::memory_order_acquire);
@@ -117,7 +117,7 @@ void ShmArena::WaitForAll(Counter counter, uint64_t value) {
     };
     // When the judge gives up on rank r, its failure note, if it posts
     // one, names whom it lost.
-    WaitFor(done, SharedMemoryPace(), clock_,
+    WaitFor(done, pace, clock_,
             [&] { return "rank " + std::to_string(world_ranks_[r]) + " in node shared memory"; },
             [&] { return std::vector<int>{world_ranks_[r]}; },
             [&](const std::string&, const std::string& why) { ThrowTimeout(r, why); });

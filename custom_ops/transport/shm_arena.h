@@ -65,7 +65,8 @@ class ShmArena {
   // Returns once every rank's `counter` is >= value. On a timeout it
   // first gives the awaited rank a moment to post a failure note: a rank
   // of this node stuck on a cut link is not itself the one unreachable.
-  void WaitForAll(Counter counter, uint64_t value);
+  // `pace`: how it polls (a wait nobody needs soon may favour the core).
+  void WaitForAll(Counter counter, uint64_t value, WaitPace pace = SharedMemoryPace());
 
   // Tells the node's other ranks which world ranks this one lost contact
   // with (the first kNoteRanks, any world rank), before it ends its process.

@@ -743,6 +743,74 @@ void ChoiceWordsAreReadByName() {
 
 }  // namespace
 
+namespace {
+
+// With node shared memory on one node (DDL_ALLREDUCE=auto), the cached
+// cycle's AND goes through it (Context::agreement): 200 eager calls of one
+// name are exact, and every cycle after the first went through shared
+// memory. Then the checks of eager calls, process sets, join and a silent
+// rank again, with this negotiation.
+void SteadyCycleInSharedMemory() {
+  Settings settings{{"DDL_ALLREDUCE", "auto"}};
+  constexpr int kRanks = 3, kCalls = 200;
+  InProcessGroup group(kRanks, 1 << 16);
+  group.Run([&](int r) {
+    auto engine = MakeEngine(group, r);
+    const NodeAgreement* agreement = engine->context().agreement.get();
+    Expect(agreement != nullptr, "one node with shared memory negotiates through it" + R(r));
+    if (agreement == nullptr) return;
+    const uint64_t before = agreement->rounds();
+    bool exact = true;
+    for (int i = 0; i < kCalls; ++i) {
+      auto t = std::make_shared<Tensor>(std::vector<float>(1024, float(r + i)));
+      engine->EnqueueAndDrive(One(Collective("g", t)));
+      exact &= AwaitDone(t) && t->status.ok() && t->out[1023] == float(3 + 3 * i);
+    }
+    Expect(exact, "every cached call's sum is exact" + R(r));
+    Expect(agreement->rounds() - before >= kCalls,
+           "each call's cycle went through shared memory" + R(r) + ": " +
+               std::to_string(agreement->rounds() - before));
+  });
+}
+
+// A chain of dependent calls as a tf.function runs them: each call is
+// enqueued (not driven) by a thread that waits for the previous one's
+// result, as TensorFlow's executor does. Every result is right, and the
+// engine thread took most calls by its poll after the previous cycle,
+// without a wake (Engine::AwaitNextWork).
+void ChainOfEnqueuedCalls() {
+  Settings settings{{"DDL_ALLREDUCE", "auto"}};
+  constexpr int kRanks = 2, kCalls = 200;
+  InProcessGroup group(kRanks, 1 << 16);
+  group.Run([&](int r) {
+    auto engine = MakeEngine(group, r);
+    std::vector<float> value(1024, float(r + 1));
+    bool exact = true;
+    for (int i = 0; i < kCalls; ++i) {
+      auto t = std::make_shared<Tensor>(value);
+      engine->Enqueue(One(Collective("link", t, ReduceOp::kAverage)));
+      while (!t->done) std::this_thread::yield();
+      exact &= t->status.ok() && t->out[0] == 1.5f && t->out[1023] == 1.5f;
+      value = t->out;
+    }
+    Expect(exact, "every call of the chain is right" + R(r));
+    const uint64_t polled = engine->polled_takes();
+    Expect(polled > 0, "the engine thread took calls of the chain by polling" + R(r));
+    std::printf("chain: rank %d's engine thread took %llu of %d calls by polling\n", r,
+                static_cast<unsigned long long>(polled), kCalls);
+  });
+}
+
+void ChecksWithSharedMemoryNegotiation() {
+  Settings settings{{"DDL_ALLREDUCE", "auto"}};
+  EagerCallsWhileOthersEnqueue();
+  TwoProcessSetsFromOneThread();
+  JoinWithStaggeredRanks();
+  SilentRank();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   Settings common{{"DDL_ALLREDUCE", "flat"}, {"DDL_SHM_POOL_MB", "0"},
                   {"DDL_PEER_TIMEOUT_S", "10"}};
@@ -762,6 +830,9 @@ int main(int argc, char** argv) {
       {"backoff", BackoffPastTwoToThe31},
       {"late-table", LateToTheAutotuneTable},
       {"choice-words", ChoiceWordsAreReadByName},
+      {"steady-shm", SteadyCycleInSharedMemory},
+      {"shm-negotiation", ChecksWithSharedMemoryNegotiation},
+      {"chain", ChainOfEnqueuedCalls},
   };
   if (only == "small-shm") {  // only inside its mount namespace (see SmallDevShm)
     SmallDevShm();

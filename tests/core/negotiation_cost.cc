@@ -26,56 +26,17 @@
 
 #include "check.h"
 #include "negotiation/controller.h"
+#include "counting_plane.h"
 #include "in_process.h"
 
 using namespace ddl;
+using ddl_test::Counts;
+using ddl_test::CountingPlane;
 using ddl_test::Expect;
 using ddl_test::InProcessGroup;
 using ddl_test::InProcessRank;
 
 namespace {
-
-struct Counts {
-  int and_ops = 0;
-  size_t and_bytes = 0;  // this rank's contribution
-  int gathers = 0;
-  size_t gathered_at_root = 0;  // what rank 0 received, all ranks together
-  int broadcasts = 0;
-  size_t broadcast_bytes = 0;
-};
-
-// A ControlPlane that counts what passes through it and forwards to the
-// harness's.
-class CountingPlane : public ControlPlane {
- public:
-  explicit CountingPlane(InProcessRank& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  int WorldRank(int r) const override { return inner_.WorldRank(r); }
-  void AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) override {
-    ++counts.and_ops;
-    counts.and_bytes += words.size() * sizeof(uint64_t);
-    inner_.AllreduceBitwiseAnd(words, idle);
-  }
-  std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine, int root) override {
-    ++counts.gathers;
-    auto all = inner_.GatherBytes(mine, root);
-    for (const auto& part : all) counts.gathered_at_root += part.size();
-    return all;
-  }
-  void BroadcastBytes(std::vector<char>& data, int root) override {
-    ++counts.broadcasts;
-    inner_.BroadcastBytes(data, root);
-    counts.broadcast_bytes += data.size();
-  }
-  std::vector<int64_t> AllgatherInt64(int64_t mine) override {
-    return inner_.AllgatherInt64(mine);
-  }
-  Counts counts;
-
- private:
-  InProcessRank& inner_;
-};
 
 Request Make(const std::string& name, int rank) {
   Request r;

@@ -145,6 +145,19 @@ def test_negotiation_on_threads_as_ranks(tmp_path):
     assert_no_failures(proc)
 
 
+def test_steady_cycle_through_node_shared_memory_on_threads_as_ranks(tmp_path):
+    """The negotiation's cached cycle ANDed through a node's shared memory
+    (transport/node_agreement.h): a hit costs no operation of the inner
+    plane, a miss and evictions go by name and agree everywhere, a mismatch
+    after 150 hits is refused on every rank naming the tensor, shapes and
+    rank, a rank dying during cached cycles is named by the others' peer
+    timeout, and word vectors too long for the slot go over the inner plane."""
+    proc = build_and_run("steady_cycle_check.cc",
+                         [*NEGOTIATION, "transport/node_agreement.cc", "transport/shm_arena.cc",
+                          "transport/node_segment.cc", "common/types.cc"], tmp_path)
+    assert_no_failures(proc)
+
+
 def test_node_shared_memory_allreduce_on_threads_as_ranks(tmp_path):
     """1-3 nodes x 1-3 local ranks through real shared memory: fused odd
     tensors, one-page slots, node-then-cross summation order; and 1-3

@@ -55,6 +55,9 @@ CHECKS = [
     ("negotiation_check.cc", [*NEGOTIATION, "common/types.cc"], 50, ("asan", "tsan"),
      ("asan", "tsan")),
     ("probe_responder_check.cc", PROBE, 15, ("asan", "tsan"), ("asan", "tsan")),
+    ("steady_cycle_check.cc", [*NEGOTIATION, "transport/node_agreement.cc", "transport/shm_arena.cc",
+                               "transport/node_segment.cc", "common/types.cc"], 50,
+     ("asan", "tsan"), ("asan", "tsan")),
     # TSan: 4 minutes of spinning ranks on 2 busy cores; outside the suite.
     ("node_allreduce_check.cc", SHM, 50, ("asan", "tsan"), ("asan",)),
     ("set_setup_check.cc", ["engine/set_setup.cc", "common/types.cc"], 35, ("asan",), ("asan",)),
