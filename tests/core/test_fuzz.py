@@ -16,6 +16,7 @@ With clang, libFuzzer runs each target (10 minutes each in docs/testing.md):
 import datetime
 import os
 import subprocess
+import sys
 
 from test_core import CORE_TESTS, OPS, compiler
 
@@ -103,3 +104,50 @@ def test_decoders_survive_the_seeded_mutation_driver(tmp_path):
     assert len(settings) >= 20, where
     last = proc.stdout.strip().splitlines()[-1]
     assert last.endswith(" 0 failures") and int(last.split()[0]) > 10000, where
+
+
+# The Python decoders of files (tests/core/fuzz/files.py): what each
+# regression case is refused with, after the file's path. The bugs: a
+# hostfile's bad bytes and a results file or meta.json cut short raised
+# errors naming no file; check() raised on launches of another type;
+# meta.json could name a file outside the backup, a range past
+# variables.bin or an object dtype; the first cut of the new readers read
+# 64 MiB into a buffer for any file (read(limit + 1)).
+FILE_REGRESSIONS = {
+    "hostfile/regress-not-utf8": "hostfile:2: byte 0xff is not UTF-8 text",
+    "hostfile/regress-nul-byte": "hostfile:2: a NUL byte: a hostfile is text",
+    "results_file/regress-cut-short": "results.json: not JSON (cut short or damaged?): ",
+    "results_file/regress-launches-not-list":
+        "results.json: not a complete results file: 'launches' is not a list; no launches",
+    "results_file/regress-launch-not-object": "results.json: not a complete results file: "
+        "launch 0: not an object with a 'meta' object",
+    "results_file/regress-a-list": "results.json: holds a JSON list, not an object",
+    "backup/regress-meta-cut-short": "meta.json: not JSON (cut short or damaged?): ",
+    "backup/regress-file-outside": "meta.json: 'files' names '../../../etc/hostname', not "
+        "variables.bin or a rank-NNNNN.npz",
+    "backup/regress-offset-past-end": "meta.json: variable 0 (dense/kernel): bytes 4096+48 "
+        "are not its float32[3, 4] at an aligned offset inside variables.bin",
+    "backup/regress-object-dtype":
+        "meta.json: variable 1 (dense/bias): dtype 'object' is not a numeric dtype's name",
+    "backup/regress-variables-cut-short": "variables.bin: 189 bytes, meta.json says 194 (cut "
+        "short?)",
+}
+
+
+def test_file_decoders_survive_the_seeded_mutation_driver(tmp_path):
+    seed = os.environ.get("DDL_FUZZ_SEED", datetime.date.today().strftime("%Y%m%d"))
+    proc = subprocess.run([sys.executable, os.path.join(FUZZ, "files.py"), "--seconds", "2",
+                           "--seed", seed, "--findings", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    where = f"(DDL_FUZZ_SEED={seed}) " + proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0 and "FUZZ FINDING" not in proc.stderr, where
+    outcomes = dict(line.split(": ", 1) for line in proc.stdout.splitlines()
+                    if "/" in line.split(": ")[0])
+    for case, refusal in FILE_REGRESSIONS.items():
+        assert outcomes.get(case, "").startswith("refused: /"), (case, where)
+        # After the scratch folder's path, which differs per run.
+        assert refusal in outcomes[case], (case, refusal, where)
+    seeds = [c for c in outcomes if "/seed-" in c]
+    assert len(seeds) >= 9 and all(outcomes[c] == "decoded" for c in seeds), where
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.endswith(" 0 failures") and int(last.split()[0]) > 1000, where
