@@ -89,10 +89,11 @@ def read_hostfile(path):
     """--hostfile's lines, or a UsageError naming the file: one that does
     not exist or cannot be read, a file larger than MAX_HOSTFILE_BYTES, a
     NUL byte (a binary file) or bytes that are not UTF-8 (naming the line)."""
+    # Before opening: opening a named pipe would wait for a writer.
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UsageError(f"--hostfile {path} is not a regular file")
     try:
         with open(path, "rb") as f:
-            if not os.path.isfile(path):
-                raise UsageError(f"--hostfile {path} is not a regular file")
             # As many bytes as the file has (read(n) would allocate n first).
             data = f.read(min(os.fstat(f.fileno()).st_size, MAX_HOSTFILE_BYTES) + 1)
     except OSError as e:
