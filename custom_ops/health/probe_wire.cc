@@ -1,7 +1,5 @@
 #include "probe_wire.h"
 
-#include <arpa/inet.h>
-
 #include <cstdio>
 #include <cstdlib>
 
@@ -42,12 +40,17 @@ std::vector<std::string> Split(const std::string& text, char sep) {
   return parts;
 }
 
-// An IPv4 address as inet_ntop writes it (the form OwnAddresses gives).
+// An IPv4 address as inet_ntop writes it (the form OwnAddresses gives):
+// four decimal numbers of 0-255 without leading zeros, between dots.
+// (By hand: sockets and their headers are transport/'s.)
 bool CanonicalIPv4(const std::string& text) {
-  in_addr a{};
-  char back[INET_ADDRSTRLEN];
-  return inet_pton(AF_INET, text.c_str(), &a) == 1 &&
-         inet_ntop(AF_INET, &a, back, sizeof back) != nullptr && text == back;
+  const std::vector<std::string> parts = Split(text, '.');
+  uint64_t octet = 0;
+  if (parts.size() != 4) return false;
+  for (const std::string& p : parts) {
+    if (!ParseWhole(p, 255, &octet)) return false;
+  }
+  return true;
 }
 
 }  // namespace
