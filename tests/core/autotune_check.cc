@@ -538,11 +538,11 @@ void SavedSettingsAreReused() {
     out << whole.substr(0, whole.rfind('\n', whole.size() - 2) + 1);
   }
   refused("it ends early; measuring again", shape, ThreeSettings());
-  const std::string again = ReadAll(file);
-  Expect(Contains(again, "keras_ddl autotune table v2\n"), "saved whole again");
+  const std::string resaved = ReadAll(file);
+  Expect(Contains(resaved, "keras_ddl autotune table v2\n"), "saved whole again");
   {
     std::ofstream out(file, std::ios::trunc);
-    out << again << "settings_chosen 0\n";
+    out << resaved << "settings_chosen 0\n";
   }
   refused("it has bytes after its last line; measuring again", shape, ThreeSettings());
   refused("it has other fusion thresholds and cycle times (settings 128MB/1ms 4MB/1ms "
