@@ -121,4 +121,52 @@ std::vector<std::pair<std::string, std::string>> Config::SharedSettings() const 
   return out;
 }
 
+std::vector<char> EncodeSharedValues(
+    const std::vector<std::pair<std::string, std::string>>& settings) {
+  std::vector<char> bytes;
+  for (const auto& [name, value] : settings) {
+    bytes.insert(bytes.end(), value.begin(), value.end());
+    bytes.push_back('\0');
+  }
+  return bytes;
+}
+
+Status DecodeSharedValues(const std::vector<char>& bytes, size_t count,
+                          std::vector<std::string>* values) {
+  auto refuse = [&](const std::string& what) {
+    return Status::InvalidArgument("malformed shared settings: " + what);
+  };
+  values->clear();
+  size_t start = 0;
+  for (size_t at = 0; at < bytes.size(); ++at) {
+    if (bytes[at] != '\0') continue;
+    // Counted before the value is kept: a peer's bytes never make more
+    // than `count` strings here.
+    if (values->size() == count) {
+      return refuse(std::to_string(bytes.size() - start) + " byte(s) after the " +
+                    std::to_string(count) + " values this build shares");
+    }
+    if (at - start > kMaxSharedValueBytes) {
+      return refuse("value " + std::to_string(values->size() + 1) + " has " +
+                    std::to_string(at - start) + " bytes, more than any setting's " +
+                    std::to_string(kMaxSharedValueBytes));
+    }
+    values->emplace_back(bytes.data() + start, at - start);
+    start = at + 1;
+  }
+  if (start != bytes.size() && values->size() == count) {
+    return refuse(std::to_string(bytes.size() - start) + " byte(s) after the " +
+                  std::to_string(count) + " values this build shares");
+  }
+  if (start != bytes.size()) {
+    return refuse("cut short: " + std::to_string(bytes.size() - start) +
+                  " byte(s) after value " + std::to_string(values->size()) + " without their end");
+  }
+  if (values->size() != count) {
+    return refuse(std::to_string(values->size()) + " values where this build shares " +
+                  std::to_string(count) + " (another keras_ddl build's settings table?)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace ddl

@@ -84,4 +84,16 @@ struct Config {
   std::vector<std::pair<std::string, std::string>> SharedSettings() const;
 };
 
+// The settings agreement's wire form: what each rank sends rank 0 to
+// compare (engine/context.cc), every shared value followed by a NUL (no
+// environment value holds one), in SharedSettings' order.
+std::vector<char> EncodeSharedValues(const std::vector<std::pair<std::string, std::string>>& settings);
+// A rank's bytes back into exactly `count` values. Refused, naming what
+// was wrong: another number of values (a build with another settings
+// table), a last value without its NUL (bytes cut short), or a value
+// longer than any setting's text (kMaxSharedValueBytes).
+Status DecodeSharedValues(const std::vector<char>& bytes, size_t count,
+                          std::vector<std::string>* values);
+constexpr size_t kMaxSharedValueBytes = 4096;
+
 }  // namespace ddl

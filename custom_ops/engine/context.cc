@@ -28,24 +28,23 @@ constexpr int kNodeSlots = 4;
 // a small part of each.
 constexpr size_t kRackChunkBytes = 4 * 1024 * 1024;
 
-// Root's view of every rank's shared settings (values separated by '\0',
-// in SharedSettings' order): "" when they agree, else one clause per
-// setting that differs, naming each value and its ranks.
+// Root's view of every rank's shared settings (EncodeSharedValues'
+// bytes): "" when they agree, else one clause per setting that differs,
+// naming each value and its ranks, and one per rank whose bytes do not
+// decode (DecodeSharedValues names what was wrong).
 std::string DescribeDifferences(const std::vector<std::string>& names,
                                 const std::vector<std::vector<char>>& per_rank) {
   std::vector<std::vector<std::string>> values(per_rank.size());
+  std::string unreadable;
   for (size_t r = 0; r < per_rank.size(); ++r) {
-    std::string field;
-    for (char c : per_rank[r]) {
-      if (c != '\0') {
-        field += c;
-        continue;
-      }
-      values[r].push_back(field);
-      field.clear();
+    const Status s = DecodeSharedValues(per_rank[r], names.size(), &values[r]);
+    if (!s.ok()) {
+      unreadable += (unreadable.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
+                    " sent " + s.message();
     }
     values[r].resize(names.size());
   }
+  if (!unreadable.empty()) return unreadable;
   std::string problems;
   for (size_t s = 0; s < names.size(); ++s) {
     // Values in order of first appearance, each with the ranks holding it.
@@ -168,12 +167,8 @@ Status Context::LearnRacks() {
 Status CompareSharedSettings(const Config& mine, ControlPlane& world) {
   const auto settings = mine.SharedSettings();
   std::vector<std::string> names;
-  std::vector<char> values;
-  for (const auto& [name, value] : settings) {
-    names.push_back(name);
-    values.insert(values.end(), value.begin(), value.end());
-    values.push_back('\0');
-  }
+  for (const auto& [name, value] : settings) names.push_back(name);
+  const std::vector<char> values = EncodeSharedValues(settings);
   // Rank 0 compares and tells everyone, so all ranks fail with one message.
   const auto all = world.GatherBytes(values, 0);
   std::string verdict = world.rank() == 0 ? DescribeDifferences(names, all) : "";

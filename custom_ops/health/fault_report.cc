@@ -20,38 +20,12 @@ namespace ddl {
 
 namespace {
 
-constexpr char kAnswer = 'K';
-
 // What this process's responder answers a caller with the job's secret:
 // the answer byte, then what its ranks are doing (one line per rank and
-// process set; liveness.h).
-std::string OwnAnswer() { return kAnswer + ActivityBoard::Get().Describe(); }
+// process set; liveness.h, encoded by probe_wire.h).
+std::string OwnAnswer() { return ActivityBoard::Get().Describe(); }
 
 ProbeResponder& Responder() { return ProbeResponder::Start(OwnAnswer); }
-
-std::string Encode(const PeerIdentity& p) {
-  std::string addresses;
-  for (const std::string& a : p.addresses) addresses += (addresses.empty() ? "" : ",") + a;
-  return p.host + "\n" + std::to_string(p.pid) + "\n" + std::to_string(p.port) + "\n" + addresses;
-}
-
-PeerIdentity Decode(const std::string& text, int world_rank) {
-  PeerIdentity p;
-  p.world_rank = world_rank;
-  std::istringstream in(text);
-  std::string pid, port, addresses;
-  std::getline(in, p.host);
-  std::getline(in, pid);
-  std::getline(in, port);
-  std::getline(in, addresses);
-  p.pid = std::atoi(pid.c_str());
-  p.port = std::atoi(port.c_str());
-  std::istringstream list(addresses);
-  for (std::string a; std::getline(list, a, ',');) {
-    if (!a.empty()) p.addresses.push_back(a);
-  }
-  return p;
-}
 
 // What /proc says of a process on this host: gone, stopped, or (alive)
 // running or sleeping, which a probe then confirms.
@@ -96,30 +70,22 @@ struct Process {
 
 // Reads the activity lines of an answer into the survey entries of the
 // process's ranks, for process set `set` (lines of other sets skipped).
-void ReadActivity(const std::string& answer, int set, std::vector<PeerView>* views,
+// An answer that does not decode tells nothing of what its ranks do: its
+// process answered (alive), with nothing known of its engines.
+void ReadActivity(const std::string& bytes, int set, std::vector<PeerView>* views,
                   const std::vector<size_t>& peers) {
-  std::istringstream lines(answer.size() > 1 ? answer.substr(1) : "");
-  for (std::string line; std::getline(lines, line);) {
-    if (line == kEndingLine) {  // the whole process: every set of each of its ranks
-      for (size_t i : peers) (*views)[i].ending = true;
-      continue;
-    }
-    std::istringstream row(line);
-    std::string tag;
-    long long rank = -1, its_set = -1;
-    unsigned long long step = 0, moved = 0;
-    int inside = 0;
-    if (!(row >> tag >> rank >> its_set >> step >> inside >> moved) || tag != "A" ||
-        its_set != set) {
-      continue;
-    }
+  ProbeAnswer answer;
+  if (!DecodeProbeAnswer(bytes, &answer).ok()) return;
+  for (size_t i : peers) (*views)[i].ending = (*views)[i].ending || answer.ending;
+  for (const ActivityLine& line : answer.lines) {
+    if (line.set != set) continue;
     for (size_t i : peers) {
       PeerView& v = (*views)[i];
-      if (v.world_rank != rank) continue;
+      if (v.world_rank != line.world_rank) continue;
       v.known = true;
-      v.step = step;
-      v.inside = inside != 0;
-      v.moved = moved;
+      v.step = line.step;
+      v.inside = line.inside;
+      v.moved = line.moved;
     }
   }
 }
@@ -133,35 +99,25 @@ PeerTable PeerTable::Exchange(ControlPlane& group, const std::string& job_secret
   mine.pid = static_cast<int>(getpid());
   mine.port = Responder().port();
   mine.addresses = Responder().addresses();
-  const std::string encoded = Encode(mine);
+  const std::string encoded = EncodeIdentity(mine);
   std::vector<std::vector<char>> gathered =
       group.GatherBytes(std::vector<char>(encoded.begin(), encoded.end()), 0);
   // Root sends the group's secret (DDL_JOB_SECRET's, else drawn now: a
-  // process set gets one of its own), then every identity, each after its
-  // length as 8 decimal digits.
+  // process set gets one of its own), then every identity.
   std::string secret;
   if (group.rank() == 0 && !ParseJobSecret(job_secret, &secret).ok()) secret = DrawJobSecret();
-  std::vector<char> all(secret.begin(), secret.end());
-  for (const auto& bytes : gathered) {
-    char length[9];
-    std::snprintf(length, sizeof(length), "%08zu", bytes.size());
-    all.insert(all.end(), length, length + 8);
-    all.insert(all.end(), bytes.begin(), bytes.end());
-  }
+  std::vector<char> all = EncodeIdentities(secret, gathered);
   group.BroadcastBytes(all, 0);
   PeerTable table;
   table.me_ = group.rank();
-  size_t at = kJobSecretBytes;
-  if (all.size() < at) throw TransportError("the probe identities broadcast was cut short");
-  table.secret_.assign(all.data(), kJobSecretBytes);
-  Responder().Admit(table.secret_);
-  for (int r = 0; r < group.size() && at + 8 <= all.size(); ++r) {
-    const size_t length = std::strtoul(std::string(&all[at], 8).c_str(), nullptr, 10);
-    at += 8;
-    table.peers_.push_back(Decode(std::string(&all[at], std::min(length, all.size() - at)),
-                                  group.WorldRank(r)));
-    at += length;
+  std::vector<std::string> identities;
+  Status s = SplitIdentities(all, static_cast<size_t>(group.size()), &table.secret_, &identities);
+  for (int r = 0; s.ok() && r < group.size(); ++r) {
+    table.peers_.emplace_back();
+    s = DecodeIdentity(identities[r], group.WorldRank(r), &table.peers_.back());
   }
+  if (!s.ok()) throw TransportError(s.message() + OnRank(mine.world_rank));
+  Responder().Admit(table.secret_);
   return table;
 }
 
@@ -210,7 +166,7 @@ std::vector<PeerView> PeerTable::Survey(double patience_s, int set) const {
       // so hundreds of thread-ranks judging at once do not queue on the
       // one responder thread and time out as "stopped".
       process.state = PeerState::kAlive;
-      process.answer = kAnswer + ActivityBoard::Get().Describe();
+      process.answer = ActivityBoard::Get().Describe();
       continue;
     }
     std::vector<std::string> addresses;
@@ -282,8 +238,10 @@ std::vector<PeerView> PeerTable::Survey(double patience_s, int set) const {
       }
       // The answer byte, then activity lines, until the responder closes.
       const ReadOutcome read = ReadSome(probe.fd, &probe.answer);
-      if (read != ReadOutcome::kClosed) continue;
-      settle(probe, !probe.answer.empty() && probe.answer[0] == kAnswer ? PeerState::kAlive
+      // An answer longer than any the encoder makes is not read on: its
+      // first byte already says alive, its lines will not decode.
+      if (read != ReadOutcome::kClosed && probe.answer.size() <= kMaxProbeAnswerBytes) continue;
+      settle(probe, !probe.answer.empty() && probe.answer[0] == kProbeAnswerByte ? PeerState::kAlive
                                                                          : PeerState::kGone);
     }
   }
@@ -291,7 +249,7 @@ std::vector<PeerView> PeerTable::Survey(double patience_s, int set) const {
   // (an answer cut short still says the process is there).
   for (Probe& probe : probes) {
     if (probe.fd < 0) continue;
-    settle(probe, !probe.answer.empty() && probe.answer[0] == kAnswer ? PeerState::kAlive
+    settle(probe, !probe.answer.empty() && probe.answer[0] == kProbeAnswerByte ? PeerState::kAlive
                   : probe.connected                                    ? PeerState::kStopped
                                                                        : PeerState::kUnreachable);
   }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../transport/control_plane.h"
+#include "probe_wire.h"
 
 namespace ddl {
 
@@ -42,14 +43,6 @@ struct PeerView {
   // Its process has printed its fault report and is about to end (waiting
   // only for the other ranks to report theirs: see Engine::OnPeerFailure).
   bool ending = false;
-};
-
-struct PeerIdentity {
-  int world_rank = -1;
-  std::string host;
-  int pid = 0;
-  int port = 0;  // of its probe responder; 0 if it has none
-  std::vector<std::string> addresses;  // its IPv4 addresses other than loopback
 };
 
 // Every rank of a group, as learnt at start-up.

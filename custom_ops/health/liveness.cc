@@ -67,14 +67,18 @@ void ActivityBoard::Remove(int world_rank, int set) {
 
 std::string ActivityBoard::Describe() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::string text = ending_ ? std::string(kEndingLine) + "\n" : "";
+  ProbeAnswer answer;
+  answer.ending = ending_;
   for (const auto& [key, entry] : entries_) {
-    text += "A " + std::to_string(key.first) + " " + std::to_string(key.second) + " " +
-            std::to_string(entry.activity->step.load()) + " " +
-            (entry.activity->inside.load() ? "1" : "0") + " " +
-            std::to_string(entry.transport ? entry.transport->MovedBytes() : 0) + "\n";
+    ActivityLine line;
+    line.world_rank = key.first;
+    line.set = key.second;
+    line.step = entry.activity->step.load();
+    line.inside = entry.activity->inside.load();
+    line.moved = entry.transport ? entry.transport->MovedBytes() : 0;
+    answer.lines.push_back(line);
   }
-  return text;
+  return EncodeProbeAnswer(answer);
 }
 
 ProbeJudge::ProbeJudge(const PeerTable& peers, int set, std::shared_ptr<Activity> mine,

@@ -56,9 +56,6 @@
 
 namespace ddl {
 
-// The activity line of a process that has reported a fault and ends.
-constexpr const char* kEndingLine = "E";
-
 // What one rank's engine of one process set is doing.
 struct Activity {
   // Collective steps entered: each cycle is two (its negotiation, then its
@@ -76,8 +73,8 @@ class ActivityBoard {
   // moved bytes and must outlive the entry.
   std::shared_ptr<Activity> Add(int world_rank, int set, const Group* transport);
   void Remove(int world_rank, int set);
-  // "A <world rank> <set> <step> <inside 0|1> <moved bytes>\n" per entry,
-  // after kEndingLine once MarkEnding was called.
+  // The probe answer (probe_wire.h): the answer byte, the ending line
+  // once MarkEnding was called, then a line per entry.
   std::string Describe() const;
   // This process has printed its fault report and ends once the other
   // ranks have printed theirs (or a bound passes): a peer's judge then

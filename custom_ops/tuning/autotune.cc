@@ -50,6 +50,20 @@ double AutotuneMedian(std::vector<double> v) {
 
 namespace {
 
+// A measure of a saved table: "nan" (not measured) or a finite number
+// >= 0, the whole word (strtod's end at its end), appended to `out`.
+bool ReadMeasure(const std::string& word, std::vector<double>* out) {
+  if (word == "nan") {
+    out->push_back(std::nan(""));
+    return true;
+  }
+  char* end = nullptr;
+  const double v = std::strtod(word.c_str(), &end);
+  if (end != word.c_str() + word.size() || !std::isfinite(v) || v < 0) return false;
+  out->push_back(v);
+  return true;
+}
+
 std::string Format(const char* fmt, double v) {
   char text[64];
   std::snprintf(text, sizeof text, fmt, v);
@@ -141,13 +155,19 @@ void Autotuner::Start() {
   // rank's.
   std::vector<char> payload;
   if (plane_.rank() == 0 && !file_.empty()) {
-    std::ifstream in(file_);
+    std::ifstream in(file_, std::ios::binary | std::ios::ate);
     if (in) {
       std::stringstream text;
-      text << in.rdbuf();
       AutotuneTable loaded;
       std::string why;
-      if (Parse(text.str(), &loaded, &why) && !settings_.empty() && loaded.setting_chosen < 0) {
+      const std::streamoff size = in.tellg();
+      in.seekg(0);
+      if (size < 0 || static_cast<uint64_t>(size) > kMaxTableBytes) {
+        why = "it is not a file of at most " + std::to_string(kMaxTableBytes) + " bytes";
+      } else if (!(text << in.rdbuf()) && size > 0) {
+        why = "it cannot be read";
+      } else if (Parse(text.str(), &loaded, &why) && !settings_.empty() &&
+                 loaded.setting_chosen < 0) {
         why = "it has no chosen fusion threshold and cycle time";
       } else if (why.empty()) {
         const std::string s = text.str();
@@ -357,7 +377,7 @@ std::string Autotuner::SettingsRows() const {
   return out;
 }
 
-std::string Autotuner::Serialize() const {
+std::string Autotuner::Serialize(const AutotuneTable& table) const {
   std::ostringstream out;
   out << kHeader << "\n";
   out << "shape " << shape_ << "\n";
@@ -365,14 +385,14 @@ std::string Autotuner::Serialize() const {
   for (const AutotuneCandidate& k : candidates_) out << " " << k.name;
   out << "\n";
   for (int c = 0; c < kClasses; ++c) {
-    out << "class " << c << " chosen " << table_.chosen[c] << " median_seconds";
-    for (double m : table_.median[c]) out << " " << (std::isnan(m) ? "nan" : Format("%.9g", m));
+    out << "class " << c << " chosen " << table.chosen[c] << " median_seconds";
+    for (double m : table.median[c]) out << " " << (std::isnan(m) ? "nan" : Format("%.9g", m));
     out << "\n";
   }
   out << SettingsLine() << "\n";
-  out << "settings_chosen " << table_.setting_chosen << " median_bytes_per_second";
+  out << "settings_chosen " << table.setting_chosen << " median_bytes_per_second";
   for (size_t k = 0; k < settings_.size(); ++k) {
-    const double v = k < table_.setting_score.size() ? table_.setting_score[k] : std::nan("");
+    const double v = k < table.setting_score.size() ? table.setting_score[k] : std::nan("");
     out << " " << (std::isnan(v) ? "nan" : Format("%.9g", v));
   }
   out << "\n";
@@ -414,9 +434,10 @@ bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* 
     std::istringstream row(line);
     row >> word1 >> index >> word2 >> chosen >> word3;
     std::vector<double> medians;
-    for (std::string v; row >> v;) medians.push_back(v == "nan" ? std::nan("") : std::atof(v.c_str()));
-    if (word1 != "class" || index != c || word2 != "chosen" || chosen < -1 || chosen >= n ||
-        word3 != "median_seconds" || static_cast<int>(medians.size()) != n) {
+    bool numbers = true;
+    for (std::string v; numbers && row >> v;) numbers = ReadMeasure(v, &medians);
+    if (!numbers || word1 != "class" || index != c || word2 != "chosen" || chosen < -1 ||
+        chosen >= n || word3 != "median_seconds" || static_cast<int>(medians.size()) != n) {
       *why = "malformed line '" + line + "'";
       return false;
     }
@@ -440,16 +461,24 @@ bool Autotuner::Parse(const std::string& text, AutotuneTable* out, std::string* 
   }
   std::string word1, word2;
   int chosen = -2;
-  std::getline(in, line);
+  if (!std::getline(in, line)) {
+    *why = "it ends early";
+    return false;
+  }
   std::istringstream row(line);
   row >> word1 >> chosen >> word2;
-  for (std::string v; row >> v;) {
-    t.setting_score.push_back(v == "nan" ? std::nan("") : std::atof(v.c_str()));
-  }
-  if (word1 != "settings_chosen" || chosen < -1 ||
+  bool numbers = true;
+  for (std::string v; numbers && row >> v;) numbers = ReadMeasure(v, &t.setting_score);
+  if (!numbers || word1 != "settings_chosen" || chosen < -1 ||
       chosen >= static_cast<int>(settings_.size()) || word2 != "median_bytes_per_second" ||
       t.setting_score.size() != settings_.size()) {
     *why = "malformed line '" + line + "'";
+    return false;
+  }
+  // The last line: anything after it (a second table appended, a
+  // half-written copy) means the file is not one table.
+  if (in.peek() != std::char_traits<char>::eof()) {
+    *why = "it has bytes after its last line";
     return false;
   }
   t.setting_chosen = chosen;

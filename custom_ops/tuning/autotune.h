@@ -169,11 +169,16 @@ class Autotuner {
   std::string DescribeSettings(const std::string& how) const;
   // The saved form and back; Parse fails (with the reason) on another
   // candidate list, a choice of a candidate this build does not try at
-  // that size (Tried), a malformed text or, with `check_shape`, another
+  // that size (Tried), a malformed text (a number that is not one, a line
+  // cut short, anything after the last line) or, with `check_shape`, another
   // shape. A refused file is measured again (Start warns, naming it). What rank 0 broadcasts is parsed without the shape check: a
   // job whose nodes differ in size shows each rank another local size,
   // and rank 0's shape is the one that counts.
-  std::string Serialize() const;
+  std::string Serialize() const { return Serialize(table_); }
+  std::string Serialize(const AutotuneTable& table) const;
+  // The most a saved table may hold (a few hundred bytes per class): a
+  // larger file is refused unread.
+  static constexpr size_t kMaxTableBytes = 1 << 20;
   bool Parse(const std::string& text, AutotuneTable* out, std::string* why,
              bool check_shape = true) const;
 

@@ -58,7 +58,7 @@ import threading
 from .agent import TOKEN_VARIABLE
 from .deathwatch import DeathWatch
 from .hosts import (DiscoveryScript, UsageError, hostfile_items, is_this_host, launch_check,
-                    parse_hosts, split_racks, topology_env)
+                    parse_hosts, read_hostfile, split_racks, topology_env)
 from .startup_lines import StartupLines
 from . import settings
 
@@ -309,10 +309,10 @@ def validate(args):
         items, racks = split_racks(args.hosts.split(","), "-H")
         hosts = parse_hosts(items, "-H")
     elif args.hostfile:
-        if not os.path.isfile(args.hostfile):
+        if not os.path.exists(args.hostfile):
             raise UsageError(f"--hostfile {args.hostfile} does not exist")
-        with open(args.hostfile) as f:
-            items, racks = split_racks(hostfile_items(f, args.hostfile), args.hostfile)
+        items, racks = split_racks(hostfile_items(read_hostfile(args.hostfile), args.hostfile),
+                                   args.hostfile)
         hosts = parse_hosts(items, args.hostfile)
     elif args.host_discovery_script:
         discovery = DiscoveryScript(args.host_discovery_script, args.slots_per_host or 1)

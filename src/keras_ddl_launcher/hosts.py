@@ -80,6 +80,40 @@ def hostfile_items(lines, source):
     return items
 
 
+# A hostfile of 100,000 hosts is a few MB; a file larger than this is not one
+# (a device, a log given by mistake) and is refused before it is read.
+MAX_HOSTFILE_BYTES = 16 << 20
+
+
+def read_hostfile(path):
+    """--hostfile's lines, or a UsageError naming the file: one that does
+    not exist or cannot be read, a file larger than MAX_HOSTFILE_BYTES, a
+    NUL byte (a binary file) or bytes that are not UTF-8 (naming the line)."""
+    # Before opening: opening a named pipe would wait for a writer.
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UsageError(f"--hostfile {path} is not a regular file")
+    try:
+        with open(path, "rb") as f:
+            # As many bytes as the file has (read(n) would allocate n first).
+            data = f.read(min(os.fstat(f.fileno()).st_size, MAX_HOSTFILE_BYTES) + 1)
+    except OSError as e:
+        raise UsageError(f"--hostfile {path} cannot be read: {e.strerror or e}") from None
+    if len(data) > MAX_HOSTFILE_BYTES:
+        raise UsageError(f"--hostfile {path} is larger than {MAX_HOSTFILE_BYTES} bytes: "
+                         "not a hostfile")
+    if b"\0" in data:
+        line = data.count(b"\n", 0, data.index(b"\0")) + 1
+        raise UsageError(f"{path}:{line}: a NUL byte: a hostfile is text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UsageError(f"{path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8 text") from None
+    # Lines as a file holds them ("\n", "\r\n"), not str.splitlines' other
+    # separators (a form feed in a word stays in it, and is refused there).
+    return text.split("\n")
+
+
 def _whole_at_least_one(text, what, where):
     if not re.fullmatch(r"[1-9][0-9]*", text):
         raise UsageError(f"{where}: {what} '{text}' is not a whole number >= 1")

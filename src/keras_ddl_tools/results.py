@@ -193,31 +193,93 @@ def command_benchmark(command):
 
 
 def save(result, path):
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1, sort_keys=False)
-        f.write("\n")
+    """Writes beside `path` and renames over it: a save that fails part-way
+    (a full disk, an interrupt) leaves the previous file as it was."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=1, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+class ResultsFileError(ValueError):
+    """A results or launch file that cannot be used; the message names it."""
+
+
+# The largest results file in docs/results is a few hundred KB.
+MAX_RESULTS_BYTES = 64 << 20
+
+
+def read_json(path):
+    """The JSON object in `path`, or ResultsFileError naming the file and
+    what is wrong: unreadable, too large, not UTF-8, cut short or otherwise
+    not JSON (with its line and column), or not an object."""
+    try:
+        with open(path, "rb") as f:
+            # As many bytes as the file has (read(n) would allocate n first).
+            data = f.read(min(os.fstat(f.fileno()).st_size, MAX_RESULTS_BYTES) + 1)
+    except OSError as e:
+        raise ResultsFileError(f"{path}: cannot be read: {e.strerror or e}") from None
+    if len(data) > MAX_RESULTS_BYTES:
+        raise ResultsFileError(f"{path}: larger than {MAX_RESULTS_BYTES} bytes")
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ResultsFileError(f"{path}: byte {e.start} is not UTF-8 text") from None
+    except RecursionError:
+        raise ResultsFileError(f"{path}: nested too deeply to be a results file") from None
+    except ValueError as e:  # json.JSONDecodeError: where it stopped
+        raise ResultsFileError(f"{path}: not JSON (cut short or damaged?): {e}") from None
+    if not isinstance(value, dict):
+        raise ResultsFileError(f"{path}: holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def read_results(path):
+    """One results file, checked (see check): ResultsFileError naming the
+    file and every problem otherwise."""
+    result = read_json(path)
+    problems = check(result)
+    if problems:
+        raise ResultsFileError(f"{path}: not a complete results file: {'; '.join(problems)}")
+    return result
 
 
 def load_all(directory=RESULTS_DIR):
-    """name -> results dict for every docs/results/*.json."""
+    """name -> results dict for every docs/results/*.json (ResultsFileError
+    for the first that does not read; see read_results)."""
     out = {}
     if not os.path.isdir(directory):
         return out
     for entry in sorted(os.listdir(directory)):
         if entry.endswith(".json"):
-            with open(os.path.join(directory, entry)) as f:
-                data = json.load(f)
-            out[entry[:-5]] = data
+            out[entry[:-5]] = read_results(os.path.join(directory, entry))
     return out
 
 
 def check(result):
     """Problems with one results file (an empty list when it is complete)."""
+    if not isinstance(result, dict):
+        return [f"a JSON {type(result).__name__}, not an object"]
     problems = [f"missing field '{f}'" for f in REQUIRED if f not in result]
-    for i, launch in enumerate(result.get("launches", [])):
-        meta = launch.get("meta", {})
+    launches = result.get("launches", [])
+    if not isinstance(launches, list):
+        problems.append("'launches' is not a list")
+        launches = []
+    for i, launch in enumerate(launches):
+        meta = launch.get("meta", {}) if isinstance(launch, dict) else None
+        if not isinstance(meta, dict):
+            problems.append(f"launch {i}: not an object with a 'meta' object")
+            continue
         problems += [f"launch {i}: meta lacks '{f}'" for f in REQUIRED_META if f not in meta]
-    if not result.get("launches"):
+    if not isinstance(result.get("tables", {}), dict):
+        problems.append("'tables' is not an object")
+    if not launches:
         problems.append("no launches")
     if not str(result.get("conditions", "")).strip():
         problems.append("empty 'conditions'")
@@ -242,8 +304,7 @@ def _run(args):
             proc = subprocess.run([*command, "--json", path])
             if proc.returncode != 0:
                 raise SystemExit(f"launch {i + 1} failed with exit code {proc.returncode}")
-            with open(path) as f:
-                launches.append(json.load(f))
+            launches.append(read_json(path))
     result = merge(launches, args.name, shlex.join(command), args.conditions)
     out = args.output or os.path.join(RESULTS_DIR, f"{args.name}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -255,8 +316,7 @@ def _run(args):
 def _merge(args):
     launches = []
     for path in args.files:
-        with open(path) as f:
-            launches.append(json.load(f))
+        launches.append(read_json(path))
     result = merge(launches, args.name, args.command, args.conditions)
     out = args.output or os.path.join(RESULTS_DIR, f"{args.name}.json")
     save(result, out)
@@ -284,12 +344,15 @@ def main(argv=None):
     mg.add_argument("-o", "--output")
     mg.add_argument("files", nargs="+")
     args = parser.parse_args(argv)
-    if args.action == "run":
-        if args.launches < 1:
-            parser.error("--launches must be >= 1")
-        _run(args)
-    else:
-        _merge(args)
+    try:
+        if args.action == "run":
+            if args.launches < 1:
+                parser.error("--launches must be >= 1")
+            _run(args)
+        else:
+            _merge(args)
+    except ResultsFileError as e:
+        raise SystemExit(f"results {args.action}: {e}") from None
 
 
 if __name__ == "__main__":

@@ -529,6 +529,22 @@ void SavedSettingsAreReused() {
   refused("it is a table of an earlier keras_ddl (v1), without the fusion threshold and cycle "
           "time; measuring again", shape, ThreeSettings());
   Expect(Contains(ReadAll(file), "keras_ddl autotune table v2\n"), "and saved as v2");
+  // A table cut short (its last line lost) and one with bytes after its
+  // end (two saves run together): each refused, naming the file, and
+  // measured again; the measurement saves a whole table over it.
+  const std::string whole = ReadAll(file);
+  {
+    std::ofstream out(file, std::ios::trunc);
+    out << whole.substr(0, whole.rfind('\n', whole.size() - 2) + 1);
+  }
+  refused("it ends early; measuring again", shape, ThreeSettings());
+  const std::string resaved = ReadAll(file);
+  Expect(Contains(resaved, "keras_ddl autotune table v2\n"), "saved whole again");
+  {
+    std::ofstream out(file, std::ios::trunc);
+    out << resaved << "settings_chosen 0\n";
+  }
+  refused("it has bytes after its last line; measuring again", shape, ThreeSettings());
   refused("it has other fusion thresholds and cycle times (settings 128MB/1ms 4MB/1ms "
           "128MB/5ms; this job: settings 64MB/1ms 4MB/1ms 128MB/5ms)",
           shape, {{64, 1}, {4, 1}, {128, 5}});

@@ -108,6 +108,31 @@ class TrainingPosition:
         return None if self.global_batch is None else self.step * self.global_batch
 
 
+def _check_position(meta, where):
+    """Raises BackupError naming `where` unless meta's position has only
+    TrainingPosition's fields, each of its type (whole numbers >= 0, a
+    world size >= 1, the input's kind a string), and its iterator epoch is
+    a whole number or null."""
+    def refuse(what):
+        raise backup_store.BackupError(f"{where}: {what}")
+    position = meta["position"]
+    known = {f.name for f in dataclasses.fields(TrainingPosition)}
+    for key, value in position.items():
+        if key not in known:
+            refuse(f"'position' has a field {key[:80]!r} that TrainingPosition has not")
+        if key == "input":
+            ok = isinstance(value, str)
+        else:
+            ok = (value is None and key == "global_batch") or (
+                isinstance(value, int) and not isinstance(value, bool) and
+                value >= (1 if key in ("world_size", "global_batch") else 0))
+        if not ok:
+            refuse(f"'position' {key} is {str(value)[:80]!r}, not a valid value")
+    epoch = meta.get("iterator_epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
+        refuse(f"'iterator_epoch' is {str(epoch)[:80]!r}, not a whole number or null")
+
+
 def _warn(text):
     sys.stderr.write(f"[keras_ddl] rank {basics.rank()}: {text}\n")
     sys.stderr.flush()
@@ -286,6 +311,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             for _, path in reversed(self.backups()):
                 try:
                     meta = backup_store.read_meta(path)
+                    _check_position(meta, os.path.join(path, backup_store.META))
                     backup_store.verify(path, meta)
                 except Exception as e:  # damaged backup: try the one before
                     failures.append(f"{path}: {type(e).__name__}: {e}")

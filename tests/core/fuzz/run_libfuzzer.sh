@@ -4,7 +4,8 @@
 # the repository, for a given time; new inputs go to a scratch corpus.
 #   tests/core/fuzz/run_libfuzzer.sh <target> [seconds, default 600]
 # Every target, 10 minutes each, one at a time:
-#   for t in negotiation_requests negotiation_responses ddl_settings; do
+#   for t in negotiation_requests negotiation_responses ddl_settings settings_agreement \
+#            probe_identities probe_answer autotune_table; do
 #     nice -n 10 tests/core/fuzz/run_libfuzzer.sh $t 600 || break; done
 set -eu
 target=$1
@@ -16,7 +17,9 @@ mkdir -p "$work/corpus"
 clang++ -std=c++17 -O1 -g -pthread -fsanitize=fuzzer,address,undefined \
   -fno-sanitize-recover=undefined -DDDL_FUZZ_TARGET="\"$target\"" -I"$ops" -I"$here" \
   "$here/libfuzzer_main.cc" "$here/targets.cc" "$ops/negotiation/message.cc" \
-  "$ops/common/types.cc" "$ops/common/config.cc" "$ops/common/job_secret.cc" -o "$work/fuzz"
+  "$ops/common/types.cc" "$ops/common/config.cc" "$ops/common/job_secret.cc" \
+  "$ops/health/probe_wire.cc" "$ops/tuning/autotune.cc" "$ops/tuning/autotune_settings.cc" \
+  -o "$work/fuzz"
 # -malloc_limit_mb: an allocation the bytes (at most 64 KiB) cannot justify
 # is a finding; -timeout: an input that takes 5 s is one too (not 1 s: a busy machine
 # stalls an input that long).
