@@ -428,6 +428,10 @@ def requeue_run(cluster):
     cluster.slurm.start_slurmd(3)
     wait_until("node4 back in service", lambda: cluster.slurm.node_states().get("node4")
                == "idle", 60)
+    # Released only once pending: while the job still completes, Slurm sets
+    # the 2-minute hold again when it puts the job back in the queue.
+    wait_until("the job pending again", lambda: job_fields(cluster, job).get("JobState")
+               == "PENDING", 60)
     cluster.slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     wait_until("the second run waiting in C",
                lambda: os.path.exists(os.path.join(work, "C.holding")), LAUNCH_TIMEOUT_S)
