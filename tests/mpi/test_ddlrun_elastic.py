@@ -38,8 +38,11 @@ host=$1; shift
 case "$host" in
   lost*) echo "ssh: connect to host $host port 22: No route to host" >&2; exit 255;;
 esac
-exec sh -c "$*"
-"""
+# As a real ssh's remote command, it inherits no descriptor of the caller:
+# a proxy that kept mpiexec's listening socket would wait on it forever
+# once mpiexec is gone (its own connection queued, never accepted).
+exec "{python}" -c 'import os, sys; os.closerange(3, 65536); os.execvp("sh", ["sh", "-c", sys.argv[1]])' "$*"
+""".replace("{python}", sys.executable)
 
 
 def script(path, text):
