@@ -284,7 +284,18 @@ void Results() {
   }
 }
 
-constexpr double kTimeout = 0.5;
+// A sanitizer build runs the 256 thread-ranks several times slower, and
+// set-up alone passed 0.5 s on two busy cores: SCALE_CHECK_SLOWDOWN
+// (tests/core/test_core_sanitizers.py sets it) stretches every time of the
+// timing cases by its factor (timeouts, rates, stalls and the bounds on
+// verdicts), so the relations between them that each case tests stay.
+double Slowdown() {
+  const char* value = std::getenv("SCALE_CHECK_SLOWDOWN");
+  const double factor = value ? std::atof(value) : 1.0;
+  return factor >= 1.0 ? factor : 1.0;
+}
+const double kStretch = Slowdown();
+const double kTimeout = 0.5 * kStretch;
 const Shape kWide{4, 64, 1};
 
 void SlowButMoving() {
@@ -297,11 +308,13 @@ void SlowButMoving() {
   // cores take to survey each other) but not the timeout: a judge that
   // took one quiet window for a hang ended these calls. They start once
   // every context is built (set-up waits have no judge).
-  constexpr double kSlowTimeout = 2.0;
+  const double kSlowTimeout = 2.0 * kStretch;
   const Outcome o = Run(
       kWide, 1, kSlowTimeout,
-      [](InProcessGroup& g) { g.network().SetRates(ddl_test::Network::kInstant, 130e3); }, -1,
-      [](InProcessGroup& g) { g.network().SetStalls(2.0, 1.5); });
+      [](InProcessGroup& g) {
+        g.network().SetRates(ddl_test::Network::kInstant, 130e3 / kStretch);
+      },
+      -1, [](InProcessGroup& g) { g.network().SetStalls(2.0 * kStretch, 1.5 * kStretch); });
   Expect(o.failures.empty(), "slow but moving, with stalls: no call fails" +
                                  (o.failures.empty() ? "" : ": " + o.failures[0]));
   Expect(o.mismatches == 0 && o.ok_tensors == kWide.ranks() * 3,
