@@ -14,6 +14,10 @@ rack allreduce runs, bitwise in rack order:
   line asks for 4 nodes of 1 (command-line options override the script's
   ``#SBATCH`` lines; the script itself runs unchanged).
 
+A bare ``srun`` (this Slurm's ``MpiDefault`` is none) starts 4 tasks that
+MPI cannot join: ``init()`` ends every one of them, naming the fix, before
+any training.
+
 Then one batch job with ``--requeue`` (docs/failures.md's recipe, without
 ddlrun's own restarts): node4 is lost mid-epoch (cut off, everything on it
 killed), the script hands the job back, Slurm runs it again once the node
@@ -198,6 +202,25 @@ def test_slurm_job_cases(slurm_cluster, how, name):
     failures = [f"rank {r}: {res['detail']}" for r, res in sorted(per_rank.items())
                 if not res["ok"]]
     assert not failures, "\n".join(failures)
+
+
+def test_bare_srun_is_refused_on_every_task_before_training(slurm_cluster):
+    # This Slurm's MpiDefault is none: a bare srun starts 4 tasks that MPI
+    # cannot join, each a world of 1. init() must end every one of them.
+    program = ("from keras_ddl.common import basics; basics.init(); "
+               "print('TRAINED ALONE', flush=True)")
+    proc = run(["srun", "-l", "-N", "4", "-n", "4", sys.executable, "-c", program],
+               slurm_env(slurm_cluster))
+    said = (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+            f"stderr:\n{proc.stderr[-6000:]}")
+    assert proc.returncode != 0 and "TRAINED ALONE" not in proc.stdout, said
+    for task in range(4):
+        lines = "\n".join(line for line in proc.stderr.splitlines()
+                          if re.match(rf"\s*{task}: ", line))
+        for part in ("LauncherMismatchError", "SLURM_STEP_NUM_TASKS=4 says srun started 4 tasks",
+                     f"SLURM_PROCID={task}", "each task would train alone", "srun --mpi=pmi2",
+                     "MpiDefault=pmi2 in slurm.conf"):
+            assert part in lines, (task, part, said)
 
 
 def test_ddlrun_adds_the_pmi_plugin_unless_told():
