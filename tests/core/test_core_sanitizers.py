@@ -7,8 +7,9 @@ data race fails the check even when its results are right.
 In the suite (most of it compiling): the checks whose sources are few,
 so the sanitized objects build quickly, and which cover the code that
 takes outside bytes or shares memory between threads: negotiation
-(ASan+UBSan and TSan), the probe responder (both), the node's
-shared-memory allreduce and the process-set agreement (ASan+UBSan). The rest (the whole engine,
+(ASan+UBSan and TSan), the probe responder (both), the cached negotiation
+cycle and the small calls' single pass (both), the node's shared-memory
+allreduce and the process-set agreement (ASan+UBSan). The rest (the whole engine,
 64-256 thread-ranks, the algorithms, autotune, topology: each needs the
 whole core compiled again per sanitizer, and TSan runs them 5-15 times
 slower) run with one command, about 20 minutes on 2 cores:
@@ -60,6 +61,9 @@ CHECKS = [
      ("asan", "tsan"), ("asan", "tsan")),
     # TSan: 4 minutes of spinning ranks on 2 busy cores; outside the suite.
     ("node_allreduce_check.cc", SHM, 50, ("asan", "tsan"), ("asan",)),
+    # The small calls' steady path; its allocation count is the check's own
+    # operator new, which replaces the sanitizer's as it replaces libstdc++'s.
+    ("small_call_check.cc", SHM, 600, ("asan", "tsan"), ("asan", "tsan")),
     ("set_setup_check.cc", ["engine/set_setup.cc", "common/types.cc"], 35, ("asan",), ("asan",)),
     ("half_kernels.cc", ["common/reduce_kernels.cc", "common/types.cc"], 0, ("asan",), ()),
     ("small_int_kernels.cc", ["common/reduce_kernels.cc", "common/types.cc"], 0, ("asan",),
