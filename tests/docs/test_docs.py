@@ -556,3 +556,31 @@ def test_multinode_names_every_prefix_ddlrun_forwards():
     page = _read("docs/multinode.md")
     missing = [p for p in prefixes if f"`{p}`" not in page and f"`{p}*`" not in page]
     assert not missing, f"docs/multinode.md does not name {missing}"
+
+
+def test_the_porting_guides_launcher_table_maps_to_ddlrun():
+    """docs/horovod_porting.md's table of horovodrun's options: a row for
+    each of the launch options users carry over, and every ddlrun option or
+    DDL_* variable it gives in their place exists."""
+    sys.path.insert(0, os.path.join(REPO, "src"))
+    try:
+        from keras_ddl_launcher.ddlrun import build_parser
+    finally:
+        sys.path.pop(0)
+    options = {o for a in build_parser()._actions for o in a.option_strings}
+    page = _read("docs/horovod_porting.md")
+    table = page[page.index("| horovodrun | ddlrun | note |"):]
+    rows = re.findall(r"^\| (`.*?) \| (.*?) \|", table.split("\n\n")[0], re.M)
+    horovodrun = " ".join(left for left, _ in rows)
+    missing = [o for o in ("--hostfile", "--network-interface", "--timeline-filename",
+                           "--autotune", "-np", "-H") if f"`{o}" not in horovodrun]
+    unknown = []
+    for left, right in rows:
+        for code in re.findall(r"`([^`]*)`", right):
+            for word in code.split():
+                if word.startswith("-") and word.split("=")[0] not in options:
+                    unknown.append(f"{left}: ddlrun has no {word}")
+                name = re.match(r"(DDL_[A-Z0-9_]*[A-Z0-9])", word)
+                if name and not _read_by_the_code(name.group(1)):
+                    unknown.append(f"{left}: nothing reads {name.group(1)}")
+    assert len(rows) >= 10 and not missing and not unknown, (len(rows), missing, unknown)
