@@ -32,7 +32,8 @@ bool ChoiceNamed(const std::pair<const char*, Enum> (&names)[N], const std::stri
 // The settings hold a choice as its word (checked against the row's list);
 // the layer that acts on it reads it by name: DDL_ALLREDUCE in
 // topology/choose_allreduce.h, DDL_ENGINE_PRIORITY in
-// engine/thread_priority.h, DDL_UPLINK_COMPRESSION in engine/executor.h.
+// engine/thread_priority.h, DDL_UPLINK_COMPRESSION in
+// topology/choose_allreduce.h (the executor acts on it).
 struct Config {
   double fusion_threshold_mb = 128.0;  // DDL_FUSION_THRESHOLD_MB, 0 disables fusion
   double cycle_time_ms = 1.0;         // DDL_CYCLE_TIME_MS
