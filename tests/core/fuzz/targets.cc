@@ -111,7 +111,12 @@ std::string Settings(const uint8_t* data, size_t size) {
   const char* var = SettingNames()[data[0] % SettingNames().size()];
   const std::string value(reinterpret_cast<const char*>(data) + 1,
                           strnlen(reinterpret_cast<const char*>(data) + 1, size - 1));
-  setenv(var, value.c_str(), 1);
+  // putenv, not setenv: glibc keeps every string setenv was given (ten
+  // minutes of inputs took gigabytes); putenv holds this buffer, which
+  // unsetenv lets go of before the next input rewrites it.
+  static std::string entry;
+  entry = std::string(var) + "=" + value;
+  putenv(entry.data());
   ddl::Config config;
   const ddl::Status s = ddl::Config::FromEnvironment(&config);
   unsetenv(var);
