@@ -60,6 +60,13 @@ def case_names(script):
     return functions + (table or [])
 
 
+def output(proc):
+    """A finished launch for an assertion's message: its exit code and the
+    tails of what it printed."""
+    return (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+            f"stderr:\n{proc.stderr[-4000:]}")
+
+
 class CaseRun:
     """One launch of a case script; tests look their case up in it.
     ``link_bytes``: on the test cluster, what each node's link carried

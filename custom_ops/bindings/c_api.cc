@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "../common/reduce_kernels.h"
 #include "../engine/runtime.h"
 
 namespace {
@@ -145,8 +144,9 @@ int ddl_traffic(uint64_t* out) {
 }
 
 // The fusion threshold (MB) and cycle time (ms) in force, which
-// DDL_AUTOTUNE=1 may have changed, in out[0] and out[1]. Returns 0, -1
-// when not initialised, -3 without `out`.
+// DDL_AUTOTUNE=1 may have changed, in out[0] and out[1]
+// (keras_ddl.settings_in_force). Returns 0, -1 when not initialised, -3
+// without `out`.
 int ddl_settings_in_force(double* out) {
   return Guarded([out] {
     if (out == nullptr) return -3;
@@ -163,10 +163,10 @@ int ddl_probe_port() { return Guarded([] { return ddl::ProbePort(); }); }
 int ddl_mpi_library_version(char* out, int capacity);
 
 // Float <-> 16-bit conversions, exposed so tests compare them with numpy.
-uint16_t ddl_float_to_half(float f) { return ddl::FloatToHalf(f); }
-float ddl_half_to_float(uint16_t h) { return ddl::HalfToFloat(h); }
-uint16_t ddl_float_to_bfloat16(float f) { return ddl::FloatToBFloat16(f); }
-float ddl_bfloat16_to_float(uint16_t b) { return ddl::BFloat16ToFloat(b); }
+uint16_t ddl_float_to_half(float f) { return ddl::KernelFloatToHalf(f); }
+float ddl_half_to_float(uint16_t h) { return ddl::KernelHalfToFloat(h); }
+uint16_t ddl_float_to_bfloat16(float f) { return ddl::KernelFloatToBFloat16(f); }
+float ddl_bfloat16_to_float(uint16_t b) { return ddl::KernelBFloat16ToFloat(b); }
 
 }  // extern "C"
 

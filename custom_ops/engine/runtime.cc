@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 
+#include "../common/reduce_kernels.h"
 #include "../transport/world.h"
 #include "engine.h"
 #include "set_setup.h"
@@ -245,5 +246,10 @@ int ProbePort() {
 }
 
 std::string TransportLibraryVersion() { return WorldLibraryVersion(); }
+
+uint16_t KernelFloatToHalf(float f) { return FloatToHalf(f); }
+float KernelHalfToFloat(uint16_t h) { return HalfToFloat(h); }
+uint16_t KernelFloatToBFloat16(float f) { return FloatToBFloat16(f); }
+float KernelBFloat16ToFloat(uint16_t b) { return BFloat16ToFloat(b); }
 
 }  // namespace ddl

@@ -2,9 +2,10 @@
 // process set this rank belongs to. Framework bindings (the TensorFlow op
 // file, the ctypes C API) reach the core only through these functions:
 // enqueue (Submit), wait (a Work's done callback), the ranks and topology,
-// timeline marks and counters. This header includes no other engine
-// header but work.h, so a binding sees none of the engine, the context or
-// the layers under them (tests/docs/test_layout.py checks it).
+// timeline marks, counters and the kernels' dtype conversions. This header
+// includes no other engine header but work.h, so a binding sees none of the
+// engine, the context or the layers under them, and the bindings include no
+// other header of the core (tests/docs/test_layout.py checks both).
 #pragma once
 
 #include <cstdint>
@@ -79,5 +80,13 @@ int ProbePort();
 
 // The library under the world's transport (MPI_Get_library_version for MPI).
 std::string TransportLibraryVersion();
+
+// Float <-> 16-bit conversions as the reduction kernels do them
+// (common/reduce_kernels.h), here so the C API can hand them to the tests
+// that compare them with numpy's without including a header under this one.
+uint16_t KernelFloatToHalf(float f);
+float KernelHalfToFloat(uint16_t h);
+uint16_t KernelFloatToBFloat16(float f);
+float KernelBFloat16ToFloat(uint16_t b);
 
 }  // namespace ddl

@@ -25,8 +25,8 @@ from .common import slurm_pmi as _slurm_pmi  # noqa: E402
 _slurm_pmi.start_relay()
 
 from .common.basics import (allreduce_algorithm, cross_rank, cross_size, init,  # noqa: E402
-                            is_initialized, local_rank, local_size, rank, shutdown, size,
-                            timeline_mark, topology, traffic)
+                            is_initialized, local_rank, local_size, rank, settings_in_force,
+                            shutdown, size, timeline_mark, topology, traffic)
 
 __version__ = "0.1.0"
 

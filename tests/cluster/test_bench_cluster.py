@@ -7,13 +7,9 @@ import sys
 
 import pytest
 
-from keras_ddl_tools.cluster import missing_requirements
 
-
+@pytest.mark.usefixtures("needs_netns")
 def test_allreduce_cluster_table(launcher, tmp_path):
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
     out = tmp_path / "cluster.json"
     argv = [sys.executable, "-m", "keras_ddl.bench", "allreduce", "--cluster", "2x1", "--rate",
             "100mbit", "--burst", "16k", "--sizes", "4096,1048576", "--reps", "1",
@@ -37,10 +33,8 @@ def test_allreduce_cluster_table(launcher, tmp_path):
     assert rows[1]["mpi_us"] > 0.95 * rows[1]["bound_us"], rows[1]
 
 
+@pytest.mark.usefixtures("needs_netns")
 def test_fit_cluster_tables_and_timeline(launcher, tmp_path):
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
     out = tmp_path / "fit.json"
     argv = [sys.executable, "-m", "keras_ddl.bench", "fit", "--cluster", "2", "--rate", "1gbit",
             "--model", "cnn", "--batch", "16", "--steps", "4", "--reps", "1", "--rounds", "1",

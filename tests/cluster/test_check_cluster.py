@@ -12,6 +12,8 @@ import pytest
 
 from keras_ddl_tools.cluster.netns import default_burst, parse_rate
 
+pytestmark = pytest.mark.usefixtures("needs_netns")
+
 SLOW = "100mbit"
 _RUN = {}
 
@@ -30,10 +32,7 @@ def slow_down(cluster, node, rate):
 
 def check_run(launcher):
     if "run" not in _RUN:
-        from keras_ddl_tools.cluster import NetnsCluster, missing_requirements
-        reason = missing_requirements()
-        if reason:
-            pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+        from keras_ddl_tools.cluster import NetnsCluster
         with NetnsCluster(3, "1gbit") as cluster:
             slow_down(cluster, 1, SLOW)
             proc, _ = launcher.on_cluster(cluster, 2, "-m", "keras_ddl.check",

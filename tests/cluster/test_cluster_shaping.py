@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from keras_ddl_tools.cluster import ClusterError, NetnsCluster, missing_requirements, parse_burst
+from keras_ddl_tools.cluster import ClusterError, NetnsCluster, parse_burst
 
 
 @pytest.mark.parametrize("text, expected", [("64k", 65536), ("256KB", 262144), ("1mb", 1 << 20),
@@ -27,10 +27,8 @@ def test_bad_burst_is_refused_naming_it(text):
         NetnsCluster(2, "1gbit", burst=text)
 
 
+@pytest.mark.usefixtures("needs_netns")
 def test_burst_reaches_both_ends_of_every_link():
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
     with NetnsCluster(2, "100mbit", burst="16k") as cluster:
         for ns, veth in zip(cluster.namespaces, cluster.host_veths):
             outside = subprocess.run(["tc", "qdisc", "show", "dev", veth], capture_output=True,
@@ -58,14 +56,12 @@ def _send(cluster, src, dst, nbytes):
     assert int(receiver.communicate(timeout=30)[0]) == nbytes
 
 
+@pytest.mark.usefixtures("needs_netns")
 def test_racks_bridges_uplinks_and_slurm_topology():
     """2 racks x 2 nodes: nodes of different racks reach each other only
     through the uplinks (their counters grow by what crossed), each uplink
     is shaped on both ends at its own rate, every node is told its place
     as Slurm's tree topology would, and nothing is left after teardown."""
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
     with NetnsCluster(2, "200mbit", racks=2, uplink="50mbit") as cluster:
         name = cluster.name
         assert cluster.nodes == 4 and cluster.rack_of == [0, 0, 1, 1]

@@ -20,6 +20,8 @@ import time
 import pytest
 from launching import LiveLaunch
 
+pytestmark = pytest.mark.usefixtures("needs_netns")
+
 SCRIPT = "container_limits.py"
 PEER_TIMEOUT_S = 3
 RANKS = 8
@@ -29,10 +31,7 @@ _RUN = {}
 def limits_run(launcher, tmp_path_factory):
     if "run" in _RUN:
         return _RUN["run"]
-    from keras_ddl_tools.cluster import NetnsCluster, missing_requirements
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+    from keras_ddl_tools.cluster import NetnsCluster
     go = tmp_path_factory.mktemp("limits") / "go"
     with NetnsCluster(1, "1gbit", racks=2, uplink="1gbit", shm="64m") as cluster:
         argv = launcher.cluster_argv(cluster, 4, SCRIPT, "small_shm", "slow_allgather")

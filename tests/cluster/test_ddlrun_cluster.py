@@ -4,6 +4,8 @@ and a rank killed on node2 is named by rank and host."""
 
 import re
 
+from launching import output
+
 SCRIPT = "ddlrun_probe.py"
 LONG_LINES = 60
 
@@ -16,10 +18,6 @@ def ddlrun(launcher, cluster, options, args, timeout=120):
                                     cluster.bridge, *options],
                            env=dict(MPI_ENV, DDLRUN_TEST_VAR="reached-remote"),
                            timeout=timeout, module="keras_ddl_launcher")  # the ddlrun command
-
-
-def output(proc):
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
 def test_remote_ranks_get_the_environment_and_print_whole_prefixed_lines(launcher):

@@ -20,6 +20,8 @@ import re
 import pytest
 from launching import CaseRun, case_names
 
+pytestmark = pytest.mark.usefixtures("needs_netns")
+
 SCRIPT = "racks_cluster_job.py"
 _RUN = {}
 
@@ -27,10 +29,7 @@ _RUN = {}
 def racks_run(launcher):
     if "run" in _RUN:
         return _RUN["run"]
-    from keras_ddl_tools.cluster import NetnsCluster, missing_requirements
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"the network-namespace test cluster needs root, ip and tc: {reason}")
+    from keras_ddl_tools.cluster import NetnsCluster
     with NetnsCluster(2, "400mbit", racks=2, uplink="100mbit") as cluster:  # 4 nodes
         proc, uplinks = launcher.on_cluster(cluster, 1, SCRIPT,
                                             env={"DDL_TEST_REPORT_TRAFFIC": "1"}, timeout=400,

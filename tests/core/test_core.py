@@ -37,16 +37,18 @@ def compiler():
 class CoreObjects:
     """The core's sources compiled once per test session (many checks link
     the same algorithms and engine files; compiling them once per check was
-    most of this file's time), two at a time as the machine has two cores."""
+    most of this file's time), two at a time as the machine has two cores.
+    ``flags``: the compiler's (test_core_sanitizers.py adds a sanitizer's)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, flags=FLAGS):
         self.directory = directory
+        self.flags = flags
         self.objects = {}
         self.lock = threading.Lock()
 
     def _compile(self, source):
         obj = os.path.join(self.directory, source.replace("/", "_") + ".o")
-        subprocess.run([compiler(), *FLAGS, "-c", os.path.join(OPS, source), "-o", obj],
+        subprocess.run([compiler(), *self.flags, "-c", os.path.join(OPS, source), "-o", obj],
                        check=True, capture_output=True, text=True)
         return obj
 

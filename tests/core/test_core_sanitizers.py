@@ -23,8 +23,8 @@ import os
 import subprocess
 
 import pytest
-import test_core
-from test_core import ALGORITHMS, CORE_TESTS, NEGOTIATION, OPS, WAIT, compiler, engine_sources
+from test_core import (ALGORITHMS, CORE_TESTS, NEGOTIATION, OPS, WAIT, CoreObjects, compiler,
+                       engine_sources)
 
 COMMON = ["-std=c++17", "-g", "-pthread", f"-I{OPS}", f"-I{CORE_TESTS}"]
 # ASan + UBSan at -O0: it compiles 2-3 times faster than at -O1, and the
@@ -89,24 +89,11 @@ CASES = [pytest.param(program, sources, least, sanitizer, id=f"{sanitizer}-{prog
          for program, sources, least, sanitizers, in_suite in CHECKS for sanitizer in sanitizers]
 
 
-class SanitizedObjects(test_core.CoreObjects):
-    """The core's objects built once per sanitizer and session."""
-
-    def __init__(self, directory, flags):
-        super().__init__(directory)
-        self.flags = flags
-
-    def _compile(self, source):
-        obj = os.path.join(self.directory, source.replace("/", "_") + ".o")
-        subprocess.run([compiler(), *self.flags, "-c", os.path.join(OPS, source), "-o", obj],
-                       check=True, capture_output=True, text=True)
-        return obj
-
-
 @pytest.fixture(scope="session")
 def sanitized_objects(tmp_path_factory):
-    return {name: SanitizedObjects(str(tmp_path_factory.mktemp(f"objects_{name}")),
-                                   COMMON + flags) for name, flags in SANITIZERS.items()}
+    """The core's objects built once per sanitizer and session."""
+    return {name: CoreObjects(str(tmp_path_factory.mktemp(f"objects_{name}")), COMMON + flags)
+            for name, flags in SANITIZERS.items()}
 
 
 @pytest.mark.parametrize("program, sources, least, sanitizer", CASES)

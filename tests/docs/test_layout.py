@@ -142,11 +142,65 @@ def test_every_folder_says_what_lives_there():
     assert missing == []
 
 
+# What Python's import machinery is for code to change: a module is a file,
+# found the ordinary way, never one planted in sys.modules, a package whose
+# __path__ is rewritten, or an import hook.
+IMPORT_STATE = {"modules", "meta_path", "path_hooks", "path_importer_cache"}
+MUTATORS = {"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear",
+            "append", "extend", "insert", "remove"}
+
+
+def import_tricks(source, path="<source>"):
+    """The lines of `source` that change sys.modules (or the import hooks)
+    or a __path__: an assignment, augmented assignment or del of it or of
+    an item, or a call of a mutating method on it."""
+    def changed(node):   # sys.modules, sys.meta_path, ..., or a __path__
+        if isinstance(node, ast.Subscript):
+            return changed(node.value)
+        if isinstance(node, ast.Name):
+            return node.id == "__path__"
+        return isinstance(node, ast.Attribute) and (node.attr == "__path__" or (
+            node.attr in IMPORT_STATE and isinstance(node.value, ast.Name)
+            and node.value.id.lstrip("_") == "sys"))
+
+    found = []
+    for node in ast.walk(ast.parse(source, path)):
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else
+                   [node.func.value] if isinstance(node, ast.Call) and isinstance(
+                       node.func, ast.Attribute) and node.func.attr in MUTATORS else [])
+        if any(changed(t) for t in targets):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_import_tricks_are_found():
+    for source in ("import sys\nsys.modules[__name__ + '.x'] = object()",
+                   "import sys as _sys\n_sys.modules['a'] = None",
+                   "import sys\nsys.modules.setdefault('a', None)",
+                   "import sys\ndel sys.modules['a']", "__path__ = ['elsewhere']",
+                   "__path__.append('elsewhere')", "import os\nos.__path__ += ['x']",
+                   "import sys\nsys.meta_path.insert(0, object())"):
+        assert import_tricks(source), source
+    for source in ("import sys\nloaded = 'mpi4py.MPI' in sys.modules",
+                   "import sys\nv = sys.modules['keras'].__version__",
+                   "import sys\nsys.path.pop(0)", "path = ['x']\npath.append('y')"):
+        assert import_tricks(source) == [], source
+
+
+def test_no_module_under_src_plays_import_tricks():
+    files = glob.glob(os.path.join(SRC, "**", "*.py"), recursive=True)
+    assert len(files) > 50, files   # the scan found the sources
+    found = [t for path in files
+             for t in import_tricks(open(path).read(), os.path.relpath(path, REPO))]
+    assert found == [], "\n".join(found)
+
+
 # C++: which folder may include which (custom_ops/README.md draws it); a
 # folder may always include its own files. No cycle: each folder names only
 # folders further down this table.
 CPP_INCLUDES = {
-    "bindings": {"engine", "common"},
+    "bindings": {"engine"},
     "engine": {"tuning", "health", "negotiation", "algorithms", "topology", "transport",
                "common"},
     "tuning": {"algorithms", "topology", "transport", "common"},
@@ -222,6 +276,30 @@ SOCKET_HEADERS = {"sys/socket.h", "poll.h", "netinet/in.h", "netinet/tcp.h", "li
                   "arpa/inet.h", "ifaddrs.h", "netdb.h"}
 
 
+def binding_may_include(header):
+    """Whether a file of bindings/ may include `header`: of the core only
+    engine/runtime.h, spelled "../engine/runtime.h". A path is taken from
+    bindings/ and from custom_ops/ (an -I there would make either work), so
+    no other header of the core slips in by another spelling; bindings/'s
+    own files and system or TensorFlow headers are fine."""
+    found = {os.path.relpath(os.path.normpath(os.path.join(base, header)), OPS)
+             for base in (os.path.join(OPS, "bindings"), OPS)
+             if os.path.isfile(os.path.join(base, header))}
+    if header == "../engine/runtime.h":
+        return True
+    return not header.startswith("../") and all(f.startswith("bindings" + os.sep)
+                                                for f in found)
+
+
+def test_the_bindings_may_include_only_the_runtimes_header():
+    assert binding_may_include("../engine/runtime.h")
+    for header in ("vector", "tensorflow/core/framework/op.h", "c_api.cc"):
+        assert binding_may_include(header), header
+    for header in ("../common/reduce_kernels.h", "common/types.h", "../engine/engine.h",
+                   "engine/runtime.h", "../common/no_such.h"):
+        assert not binding_may_include(header), header
+
+
 def test_cpp_mpi_tensorflow_and_the_bindings_stay_in_their_files():
     wrong = []
     for folder, path, header in cpp_includes():
@@ -229,10 +307,9 @@ def test_cpp_mpi_tensorflow_and_the_bindings_stay_in_their_files():
             wrong.append(f"{path} includes mpi.h")
         if header.startswith("tensorflow/") and path != "bindings/tf_ops.cc":
             wrong.append(f"{path} includes {header}")
-        if folder == "bindings" and header.startswith("../") and \
-                header not in ("../engine/runtime.h", "../common/reduce_kernels.h"):
+        if folder == "bindings" and not binding_may_include(header):
             wrong.append(f"{path} includes {header}: the bindings reach the core through "
-                         "engine/runtime.h")
+                         "engine/runtime.h only")
         if header.startswith("../../"):
             wrong.append(f"{path} includes {header}, outside custom_ops")
         if header in SOCKET_HEADERS and folder != "transport":

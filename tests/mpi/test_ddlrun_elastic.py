@@ -17,6 +17,7 @@ import sys
 import types
 
 import pytest
+from launching import output
 
 from keras_ddl_launcher import ddlrun, elastic
 from keras_ddl_launcher.deathwatch import LOST, Death
@@ -261,10 +262,6 @@ def attempts(tmp_path):
         a, r, s, h = re.fullmatch(r"attempt=(\d+) rank=(\d+) size=(\d+) host=(\S+)", line).groups()
         found.setdefault(int(a), {})[int(r)] = (int(s), h)
     return found
-
-
-def output(proc):
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}"
 
 
 def test_a_host_whose_rank_died_is_left_out_and_the_job_finishes_on_the_rest(launcher, tmp_path):

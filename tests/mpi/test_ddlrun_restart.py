@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from launching import output
 
 from keras_ddl_launcher import ddlrun
 
@@ -51,10 +52,6 @@ def attempts(tmp_path):
             a, r = re.fullmatch(r"attempt=(\d+) rank=(\d+)\n", line).groups()
             found.setdefault(int(a), set()).add(int(r))
     return found
-
-
-def output(proc):
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
 def test_a_failed_rank_restarts_the_job_with_its_cause_printed(launcher, tmp_path):

@@ -21,14 +21,11 @@ import random
 import re
 
 import pytest
+from launching import output
 
 SCRIPT = "resume_job.py"
 STEPS, GLOBAL, SAVE_FREQ, EPOCHS = 6, 9, 5, 3
 SAMPLES = STEPS * GLOBAL
-
-
-def output(proc):
-    return f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
 
 
 def job_lines(proc, job, what, nprocs):

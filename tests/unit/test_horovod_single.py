@@ -63,7 +63,12 @@ def test_signatures_are_horovods():
 def test_keras_alias_and_callbacks_module():
     import keras_ddl.horovod.keras.callbacks as alias_callbacks
     assert hvd_keras_alias.DistributedOptimizer is hvd.DistributedOptimizer
-    assert alias_callbacks is hvd.callbacks is hvd_keras_alias.callbacks
+    assert alias_callbacks is hvd_keras_alias.callbacks
+    # Every public name of hvd.callbacks, and the same object under both paths.
+    public = {n for n in vars(hvd.callbacks) if not n.startswith("_")}
+    assert public == {n for n in vars(alias_callbacks) if not n.startswith("_")}
+    assert public and all(getattr(alias_callbacks, n) is getattr(hvd.callbacks, n)
+                          for n in public)
 
 
 def test_warmup_callback_takes_horovods_positional_order():

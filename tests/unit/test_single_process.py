@@ -62,6 +62,18 @@ def test_op_library_for_another_tensorflow_says_how_to_rebuild(monkeypatch):
     assert "pip install --no-build-isolation" in msg
 
 
+def test_settings_in_force_are_the_configured_ones_without_autotune():
+    # In a process of its own: the engine reads DDL_* once, at init.
+    script = "import keras_ddl as ddl; print('IN_FORCE', sorted(ddl.settings_in_force().items()))"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DDL_AUTOTUNE="0",
+               DDL_FUSION_THRESHOLD_MB="16", DDL_CYCLE_TIME_MS="2.5")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IN_FORCE [('cycle_time_ms', 2.5), ('fusion_threshold_mb', 16.0)]" in proc.stdout, \
+        proc.stdout
+
+
 def _bits(values, dtype):
     return np.asarray(values, dtype=dtype).view(np.uint16)
 

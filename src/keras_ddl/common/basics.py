@@ -275,6 +275,23 @@ def traffic():
                      "shared_output_bytes", "alltoall_bytes", "rack_bytes"), counters))
 
 
+def settings_in_force():
+    """The fusion threshold and cycle time the engine runs with now, a dict:
+    ``fusion_threshold_mb`` and ``cycle_time_ms``. They are
+    ``DDL_FUSION_THRESHOLD_MB`` and ``DDL_CYCLE_TIME_MS`` until
+    ``DDL_AUTOTUNE=1`` decides (docs/autotune.md), then rank 0's choice on
+    every rank: read after training, they are the values to set in the next
+    job's environment without autotune. An allreduce's cycle sets them
+    before its batches, so a read between calls sees what the last call
+    ran with."""
+    if not is_initialized():
+        init()
+    in_force = (ctypes.c_double * 2)()
+    if _core.ddl_settings_in_force(in_force) != 0:
+        raise RuntimeError("keras_ddl is not initialized")
+    return {"fusion_threshold_mb": in_force[0], "cycle_time_ms": in_force[1]}
+
+
 def probe_port():
     """The TCP port on which this process answers the other ranks' probes
     when a collective waits long (docs/failures.md), or 0 if it could not

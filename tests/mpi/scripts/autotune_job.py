@@ -20,11 +20,11 @@ numpy's sum in the promised order (rank order; nodes then racks with
 racks), on every rank. Ranks that switched at different calls, or to
 different algorithms, would pair different messages and fail or hang.
 Rank 0 prints the table on stderr (the test reads it); every rank reports
-the fusion threshold and cycle time in force after each call (case
-settings_<mode>, failed unless every rank's are the same), which the test
-compares with the plan and the table's choice."""
+the fusion threshold and cycle time in force after each call
+(ddl.settings_in_force(); case settings_<mode>, failed unless every
+rank's are the same), which the test compares with the plan and the
+table's choice."""
 
-import ctypes
 import json
 import os
 import sys
@@ -83,8 +83,6 @@ def main():
     if ddl.allreduce_algorithm() != want_algorithm:
         problems.append(f"allreduce algorithm {ddl.allreduce_algorithm()}, not {want_algorithm}")
     rng = np.random.default_rng(100 + RANK)
-    from keras_ddl.common import basics
-    in_force = (ctypes.c_double * 2)()
     sequence = []  # the fusion threshold and cycle time in force after each call
     fp16_calls = 0  # calls whose result is the fp16-uplink rounding
     for call in range(CALLS):
@@ -106,9 +104,8 @@ def main():
             problems.append(f"call {call}: ranks got different bits")
         # The call's cycle set them (the executor's, before its batches),
         # and no other cycle with an allreduce can run before the next call.
-        if basics._core.ddl_settings_in_force(in_force) != 0:
-            problems.append("ddl_settings_in_force failed")
-        sequence.append([in_force[0], in_force[1]])
+        in_force = ddl.settings_in_force()
+        sequence.append([in_force["fusion_threshold_mb"], in_force["cycle_time_ms"]])
     # While measuring, the fp16-uplink candidate's batches (2 per size
     # class) at least: it really sent fp16 across the racks.
     if mode == "racks" and measuring and fp16_calls < 4:

@@ -7,9 +7,8 @@
 from keras_ddl.horovod.tensorflow.keras import *  # noqa: F401,F403
 from keras_ddl.horovod.tensorflow.keras import (  # noqa: F401
     DistributedOptimizer, PartialDistributedOptimizer, allgather, allreduce, broadcast,
-    broadcast_global_variables, callbacks, load_model, reducescatter)
+    broadcast_global_variables, load_model, reducescatter)
 
-import sys as _sys
-
-# `import keras_ddl.horovod.keras.callbacks` is the same module as hvd.callbacks.
-_sys.modules[__name__ + ".callbacks"] = callbacks
+# This package's own callbacks module (the same classes), so that
+# `import keras_ddl.horovod.keras.callbacks` finds a file as Horovod's did.
+from . import callbacks  # noqa: F401,E402
