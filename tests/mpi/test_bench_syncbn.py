@@ -12,7 +12,8 @@ def test_syncbn_benchmark_table(launcher, tmp_path):
                         "--batch", "4", "--image-size", "16", "--json", str(out),
                         timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    header = "variant ranks batch_per_rank steps reps step_ms min_ms max_ms overhead same_weights"
+    header = "variant ranks batch_per_rank steps reps step_ms min_ms max_ms overhead paired "
+              "same_weights"
     assert header in " ".join(proc.stdout.split())
     result = json.loads(out.read_text())
     assert {"date", "commit", "command", "machine"} <= set(result["meta"])
@@ -23,3 +24,5 @@ def test_syncbn_benchmark_table(launcher, tmp_path):
         assert row["same_weights"] == "yes"
     assert abs(result["overhead"] - (sync["step_ms"] / plain["step_ms"] - 1)) < 1e-9
     assert sync["overhead"] == f"{100 * result['overhead']:+.1f}%"
+    # one repetition: the paired ratio is the ratio of the two medians
+    assert sync["paired"] == sync["overhead"]
