@@ -12,8 +12,8 @@ def test_syncbn_benchmark_table(launcher, tmp_path):
                         "--batch", "4", "--image-size", "16", "--json", str(out),
                         timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    header = "variant ranks batch_per_rank steps reps step_ms min_ms max_ms overhead paired "
-              "same_weights"
+    header = ("variant ranks batch_per_rank steps reps step_ms min_ms max_ms overhead paired "
+              "same_weights")
     assert header in " ".join(proc.stdout.split())
     result = json.loads(out.read_text())
     assert {"date", "commit", "command", "machine"} <= set(result["meta"])
