@@ -17,6 +17,7 @@ from keras_ddl_tools.cluster.__main__ import build_parser
     ["-m", "keras_ddl_tools.bench", "--help"],
     ["-m", "keras_ddl_tools.bench", "fit", "--help"],
     ["-m", "keras_ddl_tools.bench", "allreduce", "-h"],
+    ["-m", "keras_ddl_tools.bench", "syncbn", "--help"],
     ["-m", "keras_ddl_tools.cluster", "run", "--help"],
 ])
 def test_help_without_tensorflow(argv):

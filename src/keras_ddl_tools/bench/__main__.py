@@ -1,4 +1,4 @@
-"""``python -m keras_ddl.bench {allreduce,mwms,fit,backup,all,model,peers}``; prints tables
+"""``python -m keras_ddl.bench {allreduce,mwms,fit,syncbn,backup,all,model,peers}``; prints tables
 (docs/PERFORMANCE.md says how they are read and kept as results files)."""
 
 import argparse
@@ -95,6 +95,16 @@ def parse(argv):
                           "overlap off/on x fp32/fp16 (root; do not start under mpiexec)")
     fit.add_argument("--rate", default="1gbit", help="with --cluster: link rate each way")
     fit.add_argument("--json", help="also write the results to this JSON file")
+    sb = sub.add_parser("syncbn", help="model.fit step time of a 12-layer CNN with "
+                                       "SyncBatchNormalization vs BatchNormalization, "
+                                       "interleaved (run under mpiexec)")
+    sb.add_argument("--image-size", type=int, default=32, help="synthetic image side")
+    sb.add_argument("--batch", type=int, default=16, help="per-rank batch size")
+    sb.add_argument("--steps", type=int, default=10, help="steps per timed fit (>= 3)")
+    sb.add_argument("--reps", type=int, default=8, help="interleaved repetitions")
+    sb.add_argument("--threads", type=int, default=1,
+                    help="TensorFlow intra-op and inter-op threads per process")
+    sb.add_argument("--json", help="also write the results to this JSON file")
     bk = sub.add_parser("backup", help="what BackupAndRestore(save_freq=N) costs a ResNet-50 "
                                        "training step, written in the background or not "
                                        "(one process)")
@@ -172,6 +182,9 @@ def main(argv=None):
     elif args.command == "fit":
         from . import fit
         fit.main(args)
+    elif args.command == "syncbn":
+        from . import syncbn
+        syncbn.main(args)
     elif args.command == "peers":
         from . import peers
         peers.run(args)
