@@ -7,6 +7,7 @@ itself is not part of the suite (it needs Horovod's own environment)."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -186,6 +187,11 @@ def test_a_launch_past_its_timeout_is_stopped_with_everything_it_started(tmp_pat
     assert "the horovod launch took more than --timeout 2 s" in message
     assert "started" in message                          # its last output is shown
     shell, child = (int(p) for p in pids.read_text().split())
+    # a killed process takes a moment to leave (the kernel closes its files before it
+    # becomes a zombie); the sleep would live on for a minute if it had not been killed
+    deadline = time.monotonic() + 5
+    while (_alive(shell) or _alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not _alive(shell) and not _alive(child)       # the background sleep too
 
 

@@ -252,6 +252,12 @@ def _run_bounded(argv, env, timeout, what):
                 break
             except subprocess.TimeoutExpired:
                 continue
+        # communicate() returns once the group's pipes close; a member that closed
+        # them and outlived TERM must not outlive the bench
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         raise SystemExit(f"{what} took more than --timeout {timeout:g} s and was stopped; "
                          f"its last output:\n{(err or '')[-3000:]}") from None
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
