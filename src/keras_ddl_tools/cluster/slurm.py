@@ -115,9 +115,9 @@ TopologyPlugin=topology/tree
 MpiDefault=none
 ReturnToService=2
 # A node cut off is noticed within seconds, for requeue tests.
-SlurmdTimeout=10
+SlurmdTimeout=5
 SlurmctldTimeout=10
-MessageTimeout=10
+MessageTimeout=5
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
