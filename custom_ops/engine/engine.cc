@@ -580,8 +580,7 @@ bool Engine::RunCycle() {
   }
   if (ctx_->timeline) {
     const auto now = std::chrono::steady_clock::now();
-    // "caller": the cycle ran on the thread of the op that drove it (an
-    // eager op, or a small graph op that would run alone).
+    // "caller": the cycle ran on the thread of an eager op that drove it.
     const std::string args = cycle_on_caller_ ? "\"cycle\": \"caller\"" : "";
     for (const Work& w : runnable_) {
       ctx_->timeline->Span(w.name, "NEGOTIATE", w.enqueued, now, args);
