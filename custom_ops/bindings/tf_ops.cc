@@ -327,8 +327,7 @@ class SameShapeKernel : public CollectiveKernel {
     }
     auto completion = Completion(ctx, std::move(done), members);
     for (auto& w : works) w.done = completion;
-    ddl::Submit(std::move(works), process_set_,
-                eager_ ? ddl::Drive::kUntilDone : ddl::Drive::kFirstCycle);
+    ddl::Submit(std::move(works), process_set_, eager_);
   }
 };
 

@@ -245,18 +245,13 @@ void Engine::Enqueue(std::vector<Work> works) {
 
 bool Engine::OnCycleThread() const { return cycle_owner == this; }
 
-void Engine::EnqueueAndDrive(std::vector<Work> works, bool until_done) {
+void Engine::EnqueueAndDrive(std::vector<Work> works) {
   // A kernel run inline by a done callback inside a cycle is on the thread
   // that holds the cycle: it can only queue. For this engine's own cycle,
   // try_lock on a mutex this thread owns would be undefined; for another
   // engine's (another process set), driving here would hold that cycle
   // until this engine's ranks meet, and their own cycles may wait for it.
-  // A graph op drives only a call that would run alone, as in a chain of
-  // dependent calls: with works queued or pending (a model's gradients in
-  // flight) the engine thread keeps moving them while TensorFlow computes.
-  if (cycle_owner != nullptr ||
-      (!until_done && (queued_.load(std::memory_order_acquire) != 0 ||
-                       held_.load(std::memory_order_acquire) != 0))) {
+  if (cycle_owner != nullptr) {
     Enqueue(std::move(works));
     return;
   }
@@ -267,12 +262,8 @@ void Engine::EnqueueAndDrive(std::vector<Work> works, bool until_done) {
   // caller's thread; without it the engine kept every call of such a loop
   // once it had one. A cycle still running after that is a round that
   // waits for other ranks: then the work is queued for it.
-  // A graph op waits only while nothing else is queued: in a burst of
-  // them the running cycle's successor takes the first one queued, and the
-  // rest need not each wait to learn it.
   const auto patience = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-  while (!cycle.owns_lock() && std::chrono::steady_clock::now() < patience &&
-         (until_done || queued_.load(std::memory_order_acquire) == 0)) {
+  while (!cycle.owns_lock() && std::chrono::steady_clock::now() < patience) {
     std::this_thread::yield();
     cycle.try_lock();
   }
@@ -303,16 +294,6 @@ void Engine::EnqueueAndDrive(std::vector<Work> works, bool until_done) {
       break;
     }
     if (*running == 0) break;
-    if (!until_done) {
-      // A graph op's thread: the engine thread runs the rest (Loop).
-      cycle_on_caller_ = false;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        handed_over_ = true;
-      }
-      wake_.notify_all();
-      return;
-    }
     // Not done yet: some rank has not offered these names. Like the
     // engine thread, meet the others again a cycle after this one began,
     // or at once when more work arrives, rather than in a loop of rounds
@@ -372,7 +353,6 @@ void Engine::FailAll(const Status& status) {
   arrived_.clear();
   for (auto& [name, w] : works_) Finish(w, status);
   works_.clear();
-  held_ = 0;
   for (Work& w : runnable_) Finish(w, status);
   runnable_.clear();
   if (join_) Finish(*join_, status);
@@ -458,17 +438,6 @@ void Engine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait_for(lock, std::chrono::duration_cast<std::chrono::nanoseconds>(cycle),
-                     [&] { return !queue_.empty() || shutdown_requested_ || stopped_ ||
-                                  handed_over_; });
-    }
-    const bool handed_over = handed_over_.exchange(false);
-    if (handed_over) {
-      // Works a graph op's cycle left pending: the others are met again a
-      // cycle time after it, as a driving caller would (EnqueueAndDrive).
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait_for(lock, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::duration<double, std::milli>(
-                                   executor_.settings().cycle_time_ms)),
                      [&] { return !queue_.empty() || shutdown_requested_ || stopped_; });
     }
     // The queue is taken inside the cycle, under cycle_mutex_: works a
@@ -480,7 +449,7 @@ void Engine::Loop() {
     // (Otherwise this rank would open an idle round at a moment of its
     // own, right after a call, and the next call would find the cycle taken
     // while that round waits for the other ranks to meet it.)
-    if (!handed_over && cycles_run_.load() != cycles_before && !shutdown_requested_) {
+    if (cycles_run_.load() != cycles_before && !shutdown_requested_) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (queue_.empty()) continue;
     }
@@ -598,7 +567,6 @@ bool Engine::RunCycle() {
   const bool ran_any = !runnable_.empty();
   last_cycle_ran_ = ran_any;
   runnable_.clear();
-  held_.store(works_.size(), std::memory_order_release);
   const bool idle = !had_arrivals && !ran_any && works_.empty() && !join_ &&
                     !outcome.exchanged;
   idle_cycles_ = idle ? idle_cycles_ + 1 : 0;

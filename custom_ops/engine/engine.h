@@ -50,14 +50,12 @@ class Engine {
   // Invalid works fail through their done callback before this returns.
   void Enqueue(std::vector<Work> works);
 
-  // Like Enqueue, but when no cycle is running the calling thread runs the
-  // cycle itself. That saves waking the engine thread and being woken by
-  // it, tens of microseconds per call. `until_done`: the caller blocks until
-  // the works are done anyway (an eager op), so it cycles until they are,
-  // and their done callbacks run before this returns. Otherwise (a graph
-  // op's thread) it runs one cycle and leaves works still pending to the
-  // engine thread. When a cycle is running it is Enqueue.
-  void EnqueueAndDrive(std::vector<Work> works, bool until_done);
+  // Like Enqueue, for a caller that blocks until the works are done anyway
+  // (an eager op): when no cycle is running, the calling thread runs the
+  // cycles itself until its works are done, and their done callbacks run
+  // before this returns. That saves waking the engine thread and being
+  // woken by it, tens of microseconds per call. Otherwise it is Enqueue.
+  void EnqueueAndDrive(std::vector<Work> works);
 
   // Works the engine thread took by polling right after a cycle that ran
   // works (AwaitNextWork), without being woken.
@@ -129,9 +127,6 @@ class Engine {
   std::mutex cycle_mutex_;
   std::atomic<bool> stopped_{false};  // a cycle returned false: no more cycles
   std::atomic<uint64_t> cycles_run_{0};  // cycles completed, by either thread
-  // A graph op's thread ran a cycle that left works pending (Drive::kFirstCycle):
-  // the engine thread meets the other ranks again a cycle time later.
-  std::atomic<bool> handed_over_{false};
 
   // Cycle state: touched only under cycle_mutex_.
   bool cycle_on_caller_ = false;  // this cycle runs on a driving caller's thread
@@ -139,8 +134,6 @@ class Engine {
   // until it is finished, so FailAll reaches it whatever throws.
   std::deque<Work> arrived_;     // taken from queue_, not yet admitted
   std::unordered_map<std::string, Work> works_;  // offered, not yet run
-  // works_.size() as the last cycle left it (read by graph ops' threads).
-  std::atomic<size_t> held_{0};
   std::vector<Work> runnable_;   // agreed this cycle, running
   std::unique_ptr<Work> join_;   // this rank's join, until every rank joined
   std::atomic<int> idle_cycles_{0};  // cycles in a row with nothing to do

@@ -172,7 +172,7 @@ Status AddProcessSet(const std::vector<int>& ranks, int* id) {
   return Status::Ok();
 }
 
-void Submit(std::vector<Work> works, int set, Drive drive) {
+void Submit(std::vector<Work> works, int set, bool drive) {
   std::string why;
   std::shared_ptr<Engine> engine = EngineOf(set, &why);
   if (!engine) {
@@ -181,15 +181,10 @@ void Submit(std::vector<Work> works, int set, Drive drive) {
     }
     return;
   }
-  if (drive == Drive::kFirstCycle) {
-    size_t bytes = 0;
-    for (const Work& w : works) bytes += NumElements(w.shape) * DataTypeSize(w.dtype);
-    if (bytes > kDriveFromGraphBytes) drive = Drive::kNo;
-  }
-  if (drive == Drive::kNo) {
-    engine->Enqueue(std::move(works));
+  if (drive) {
+    engine->EnqueueAndDrive(std::move(works));
   } else {
-    engine->EnqueueAndDrive(std::move(works), drive == Drive::kUntilDone);
+    engine->Enqueue(std::move(works));
   }
 }
 

@@ -32,29 +32,11 @@ bool PeerFailureSeen();
 // rank; the global set is 0).
 Status AddProcessSet(const std::vector<int>& ranks, int* id);
 
-// How the submitting thread may take part in the cycles that run its works.
-enum class Drive {
-  kNo,  // the engine thread runs them
-  // An eager op's caller, which blocks until the works are done anyway: it
-  // runs the cycles itself until they are (Engine::EnqueueAndDrive).
-  kUntilDone,
-  // A graph op's thread (TensorFlow's inter-op pool): for small works, at
-  // most one cycle, when none is running; works that cycle leaves pending
-  // (some rank has not offered them yet) go on with the engine thread, so
-  // the pool's thread is never held waiting for a late rank.
-  kFirstCycle,
-};
-
-// Works of at most this many bytes in all may be driven by a graph op's
-// thread (Drive::kFirstCycle): a dependent chain of small calls then runs
-// without two thread hand-offs a call. Larger ones (a model's gradients) go
-// to the engine thread, which moves them while TensorFlow's threads compute.
-constexpr size_t kDriveFromGraphBytes = 64 << 10;
-
 // Enqueues to process set `set`'s engine, or fails every work (not
-// initialised, unknown set, or this rank is not a member). Each work's
-// `done` is its wait.
-void Submit(std::vector<Work> works, int set = 0, Drive drive = Drive::kNo);
+// initialised, unknown set, or this rank is not a member). `drive`: the
+// caller blocks until the works are done anyway, so it may run the cycles
+// itself (Engine::EnqueueAndDrive). Each work's `done` is its wait.
+void Submit(std::vector<Work> works, int set = 0, bool drive = false);
 
 // Where this rank stands in process set `set` (0: the job).
 struct Placement {

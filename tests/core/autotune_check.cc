@@ -631,7 +631,7 @@ void EnginesThroughTheSwitch(int ranks, const char* local_size, const std::strin
         };
         works.push_back(std::move(w));
       }
-      engine.EnqueueAndDrive(std::move(works), true);
+      engine.EnqueueAndDrive(std::move(works));
       while (left > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
       for (int j = 0; j < 2; ++j) {
         if (!status[j].ok()) {
@@ -766,7 +766,7 @@ void InternalErrorIsNotALostPeer() {
     };
     std::vector<Work> works;
     works.push_back(std::move(w));
-    engine.EnqueueAndDrive(std::move(works), true);
+    engine.EnqueueAndDrive(std::move(works));
     while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   for (int r = 0; r < ranks; ++r) {

@@ -164,7 +164,7 @@ void EagerCallsWhileOthersEnqueue() {
     for (int i = 0; i < kCalls; ++i) {
       auto t = std::make_shared<Tensor>(std::vector<float>(33, float(10 * r + i)));
       eager.push_back(t);
-      engine->EnqueueAndDrive(One(Collective("eager." + std::to_string(i), t)), true);
+      engine->EnqueueAndDrive(One(Collective("eager." + std::to_string(i), t)));
       // A drive returns after its works are done; a call that found the
       // cycle taken was queued for it instead.
       Expect(AwaitDone(t), "eager call " + std::to_string(i) + " finished" + R(r));
@@ -185,63 +185,6 @@ void EagerCallsWhileOthersEnqueue() {
               kRanks * kCalls);
 }
 
-// A graph op's thread drives one cycle at most (Drive::kFirstCycle). A
-// chain of such calls, each on the previous result, sums exactly on every
-// rank. Then rank 2 calls 300 ms late: the others' calls return while
-// their works are pending (their threads are not held for the late rank),
-// and the engine thread finishes them, exactly, once rank 2 offers; a graph
-// call made behind such a pending one is only queued.
-void GraphOpsDriveOneCycle() {
-  constexpr int kRanks = 3, kCalls = 40;
-  InProcessGroup group(kRanks, 1 << 16);
-  std::atomic<int> on_caller{0};
-  group.Run([&](int r) {
-    auto engine = MakeEngine(group, r);
-    float value = float(r + 1);
-    float expected = value;
-    for (int i = 0; i < kCalls; ++i) {
-      auto t = std::make_shared<Tensor>(std::vector<float>(65, value));
-      engine->EnqueueAndDrive(One(Collective("chain." + std::to_string(i), t)), false);
-      Expect(AwaitDone(t) && t->status.ok(), "chain call " + std::to_string(i) + R(r));
-      if (t->finished_on == std::this_thread::get_id()) ++on_caller;
-      // Every rank holds the same value from the first call on.
-      expected = i == 0 ? float(1 + 2 + 3) : expected * kRanks;
-      Expect(t->out[0] == expected && t->out[64] == expected,
-             "chain sum " + std::to_string(i) + R(r));
-      value = t->out[0];
-    }
-    auto late = std::make_shared<Tensor>(std::vector<float>(65, float(r)));
-    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const auto start = Clock::now();
-    engine->EnqueueAndDrive(One(Collective("late", late)), false);
-    const double held = std::chrono::duration<double>(Clock::now() - start).count();
-    if (r != 2) {
-      Expect(!late->done && held < 0.25, "a call waiting for a late rank returns pending" +
-                                            R(r) + " (held " + std::to_string(held) + " s)");
-    }
-    // With "late" pending, a graph call does not drive: it is queued for
-    // the engine thread and returns at once.
-    auto behind = std::make_shared<Tensor>(std::vector<float>(65, 1.0f));
-    engine->EnqueueAndDrive(One(Collective("behind", behind)), false);
-    if (r != 2) Expect(!behind->done, "a call behind a pending one is only queued" + R(r));
-    Expect(AwaitDone(behind) && behind->status.ok() && behind->out[0] == float(kRanks),
-           "the call behind's sum" + R(r));
-    if (r != 2) {
-      Expect(behind->finished_on != std::this_thread::get_id(),
-             "the engine thread finished the call behind" + R(r));
-    }
-    Expect(AwaitDone(late) && late->status.ok() && late->out[0] == float(0 + 1 + 2) &&
-               late->out[64] == float(0 + 1 + 2),
-           "the late call's sum" + R(r));
-    if (r != 2) {
-      Expect(late->finished_on != std::this_thread::get_id(),
-             "the engine thread finished the late call" + R(r));
-    }
-  });
-  std::printf("graph calls completed on their caller's thread: %d of %d\n", on_caller.load(),
-              kRanks * kCalls);
-}
-
 // One thread per rank drives the world's engine and a process set's
 // engine in turn; then, inside a done callback of the world's cycle, it
 // calls into the set's engine: that call only enqueues (a thread never
@@ -257,12 +200,12 @@ void TwoProcessSetsFromOneThread() {
     if (r < 2) set = std::make_unique<Engine>(MakeContext(pair, r, 1, &engine->context().config));
     for (int i = 0; i < 12; ++i) {
       auto a = std::make_shared<Tensor>(std::vector<float>(5, float(r + 1)));
-      engine->EnqueueAndDrive(One(Collective("w." + std::to_string(i), a)), true);
+      engine->EnqueueAndDrive(One(Collective("w." + std::to_string(i), a)));
       Expect(AwaitDone(a) && a->status.ok() && a->out[4] == 6.0f,
              "world call " + std::to_string(i) + R(r));
       if (!set) continue;
       auto b = std::make_shared<Tensor>(std::vector<float>(7, float(r + 1)));
-      set->EnqueueAndDrive(One(Collective("s." + std::to_string(i), b)), true);
+      set->EnqueueAndDrive(One(Collective("s." + std::to_string(i), b)));
       Expect(AwaitDone(b) && b->status.ok() && b->out[6] == 3.0f,
              "set call " + std::to_string(i) + R(r));
     }
@@ -272,12 +215,12 @@ void TwoProcessSetsFromOneThread() {
     auto outer = std::make_shared<Tensor>(std::vector<float>(3, 1.0f));
     if (set) {
       outer->also = [&] {
-        set->EnqueueAndDrive(One(Collective("nested", inner)), true);
+        set->EnqueueAndDrive(One(Collective("nested", inner)));
         still_owner = engine->OnCycleThread();
         nested_ran = true;
       };
     }
-    engine->EnqueueAndDrive(One(Collective("outer", outer)), true);
+    engine->EnqueueAndDrive(One(Collective("outer", outer)));
     Expect(AwaitDone(outer) && outer->status.ok() && outer->out[0] == 3.0f, "outer call" + R(r));
     if (set) {
       Expect(nested_ran.load(), "the nested call ran" + R(r));
@@ -311,18 +254,18 @@ void JoinWithStaggeredRanks() {
     if (r == 2) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       auto solo = std::make_shared<Tensor>(std::vector<float>(4, 6.0f));
-      engine->EnqueueAndDrive(One(Collective("solo", solo, ReduceOp::kAverage)), true);
+      engine->EnqueueAndDrive(One(Collective("solo", solo, ReduceOp::kAverage)));
       Expect(AwaitDone(solo) && solo->status.ok() && solo->out[3] == 6.0f,
              "average over the one active rank" + R(r) + ": " + solo->status.message());
     }
     auto join = std::make_shared<Tensor>(std::vector<float>());
-    engine->EnqueueAndDrive(One(JoinWork(join)), true);
+    engine->EnqueueAndDrive(One(JoinWork(join)));
     Expect(AwaitDone(join) && join->status.ok(), "join returns" + R(r));
     Expect(join->join_output == 2, "join names the last rank (2), got " +
                                        std::to_string(join->join_output) + R(r));
     // Joined state is over: a plain collective works again.
     auto after = std::make_shared<Tensor>(std::vector<float>(2, 1.0f));
-    engine->EnqueueAndDrive(One(Collective("after", after)), true);
+    engine->EnqueueAndDrive(One(Collective("after", after)));
     Expect(AwaitDone(after) && after->status.ok() && after->out[1] == 3.0f, "after join" + R(r));
   });
 }
@@ -346,7 +289,7 @@ void SilentRank() {
     auto queued = std::make_shared<Tensor>(std::vector<float>(3, 1.0f));
     auto eager = std::make_shared<Tensor>(std::vector<float>(3, 1.0f));
     engine->Enqueue(One(Collective("queued", queued)));
-    engine->EnqueueAndDrive(One(Collective("eager", eager)), true);
+    engine->EnqueueAndDrive(One(Collective("eager", eager)));
     for (const auto& [what, t] : {std::make_pair("queued", queued), std::make_pair("eager", eager)}) {
       Expect(AwaitDone(t, 20), std::string(what) + " work finished" + R(r));
       Expect(t->status.code() == Status::Code::kAborted,
@@ -503,7 +446,7 @@ void LateToTheAutotuneTable() {
   group.Run([&](int r) {
     auto engine = MakeEngine(group, r);
     auto t = std::make_shared<Tensor>(std::vector<float>(1000, 1.0f));
-    engine->EnqueueAndDrive(One(Collective("tuned", t)), true);
+    engine->EnqueueAndDrive(One(Collective("tuned", t)));
     Expect(AwaitDone(t, 15), "the call ends" + R(r));
     seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
     errors[r] = t->status.message();
@@ -572,7 +515,7 @@ void ShutdownInTheMiddleOfACycle() {
     auto queued = std::make_shared<Tensor>(std::vector<float>(3, 1.0f));
     engine->Enqueue(One(Collective("never.on.0", queued)));
     auto eager = std::make_shared<Tensor>(std::vector<float>(3, 1.0f));
-    std::thread caller([&] { engine->EnqueueAndDrive(One(Collective("eager.never", eager)), true); });
+    std::thread caller([&] { engine->EnqueueAndDrive(One(Collective("eager.never", eager))); });
     caller.join();
     for (const auto& t : {queued, eager}) {
       Expect(AwaitDone(t, 10), "pending work finished" + R(r));
@@ -621,7 +564,7 @@ void TakenWorksFailWhenACycleThrows() {
       works.push_back(Collective("good", good));
       works.push_back(Collective("bad", bad));
       works.back().invalid = "refused on purpose";
-      engine->EnqueueAndDrive(std::move(works), true);
+      engine->EnqueueAndDrive(std::move(works));
       Expect(AwaitDone(good, 5), "a work agreed to run when the cycle threw is finished");
       Expect(good->done && good->status.code() == Status::Code::kAborted,
              "it fails: " + good->status.message());
@@ -724,7 +667,7 @@ void SmallDevShm() {
                engine->context().node_memory->slot_bytes() == (128u << 10),
            "DDL_SHM_ARENA_MB=2 makes slots of 128 KiB" + R(r));
     auto t = std::make_shared<Tensor>(std::vector<float>(300001, float(r + 1)));
-    engine->EnqueueAndDrive(One(Collective("in.small.shm", t)), true);
+    engine->EnqueueAndDrive(One(Collective("in.small.shm", t)));
     Expect(AwaitDone(t) && t->status.ok() && t->out[0] == 10.0f && t->out[300000] == 10.0f,
            "within DDL_SHM_ARENA_MB the allreduce is right" + R(r) + ": " + t->status.message());
   });
@@ -820,7 +763,7 @@ void SteadyCycleInSharedMemory() {
     bool exact = true;
     for (int i = 0; i < kCalls; ++i) {
       auto t = std::make_shared<Tensor>(std::vector<float>(1024, float(r + i)));
-      engine->EnqueueAndDrive(One(Collective("g", t)), true);
+      engine->EnqueueAndDrive(One(Collective("g", t)));
       exact &= AwaitDone(t) && t->status.ok() && t->out[1023] == float(3 + 3 * i);
     }
     Expect(exact, "every cached call's sum is exact" + R(r));
@@ -874,7 +817,6 @@ int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   const std::vector<std::pair<std::string, void (*)()>> checks = {
       {"eager", EagerCallsWhileOthersEnqueue},
-      {"graph", GraphOpsDriveOneCycle},
       {"sets", TwoProcessSetsFromOneThread},
       {"join", JoinWithStaggeredRanks},
       {"taken", TakenWorksFailWhenACycleThrows},

@@ -251,8 +251,7 @@ def engine_sources():
 
 def test_engine_on_threads_as_ranks(tmp_path):
     """Whole Engines with threads as ranks: eager calls driving cycles while
-    other threads enqueue; graph calls driving one cycle (a late rank's call
-    left to the engine thread, a call behind a pending one only queued); two process sets from one thread, and a call into
+    other threads enqueue; two process sets from one thread, and a call into
     one inside the other's cycle (only enqueued, owner kept); staggered
     joins; works taken by a cycle that throws are failed; shutdown in the
     middle of a cycle; the stall verdict; a silent rank (peer timeout); a

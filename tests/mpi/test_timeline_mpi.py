@@ -97,10 +97,8 @@ def test_markers_and_nested_phases(timelines):
 @pytest.mark.parametrize("run", ["auto", "flat"])
 def test_eager_calls_run_their_cycles_on_the_calling_thread(timelines, run):
     # An eager op's thread runs the engine's cycle itself when none is
-    # running (the engine thread's idle rounds can take a few). A small
-    # allreduce in a tf.function may run one cycle on its thread (the
-    # engine checks test when: tests/core/engine_check.cc, "graph"), and
-    # that cycle runs whatever else is queued then.
+    # running (the engine thread's idle rounds can take a few); an op in a
+    # tf.function never does, as its thread must not block.
     by_row = rows(timelines[run])
 
     def on_caller(tensor):
@@ -109,7 +107,9 @@ def test_eager_calls_run_their_cycles_on_the_calling_thread(timelines, run):
 
     eager = on_caller(f"{run}.eager")
     assert len(eager) == 10 and sum(eager) >= 5, eager
-    assert len(on_caller(f"{run}.in_graph")) == 3
+    in_graph = on_caller(f"{run}.in_graph")
+    assert len(in_graph) == 3 and not any(in_graph), in_graph
+    assert not any(on_caller(f"{run}.gather")) and not any(on_caller(f"{run}.bcast"))
 
 
 def test_killed_job_leaves_a_loadable_timeline(timelines):
