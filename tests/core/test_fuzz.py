@@ -17,9 +17,8 @@ import datetime
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
-from test_core import CORE_TESTS, OPS, compiler
+from test_core import CORE_TESTS, OPS, CoreObjects, compiler
 
 FUZZ = os.path.join(CORE_TESTS, "fuzz")
 CORPUS = os.path.join(CORE_TESTS, "fuzz_corpus")
@@ -86,15 +85,7 @@ REGRESSIONS = {
 
 def test_decoders_survive_the_seeded_mutation_driver(tmp_path):
     exe = tmp_path / "fuzz_driver"
-
-    def compile_one(source):  # two at a time: the machine has two cores
-        obj = str(tmp_path / (os.path.basename(source) + ".o"))
-        subprocess.run([compiler(), *FLAGS, "-c", source, "-o", obj], check=True,
-                       capture_output=True, text=True)
-        return obj
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        objects = list(pool.map(compile_one, SOURCES))
+    objects = CoreObjects(str(tmp_path), FLAGS).get(SOURCES)  # two at a time
     subprocess.run([compiler(), *FLAGS, *objects, "-o", str(exe)], check=True,
                    capture_output=True, text=True)
     seed = os.environ.get("DDL_FUZZ_SEED", datetime.date.today().strftime("%Y%m%d"))
