@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "socket_bytes.h"
+#include "tags.h"
 
 namespace ddl {
 
@@ -188,12 +189,64 @@ void MpiTransport::WaitOldest(std::vector<Piece>* window, const std::string& wha
   window->erase(window->begin());
 }
 
+// The AND runs as recursive doubling over point-to-point messages, not as
+// MPI_Iallreduce. MPICH progresses a nonblocking collective's schedule only
+// inside MPI_Test, one step per poll that finds the previous step done, and
+// on 2 nodes x 2 ranks at 1 Gbit/s a 24-byte MPI_Iallreduce polled every
+// 20 us took a median 300-400 us where a blocking one took 40 us; the same
+// AND as paired MPI_Isend/MPI_Irecv, polled alike, took about 50 us.
 void MpiTransport::AllreduceBitwiseAnd(std::vector<uint64_t>& words, bool idle) {
-  MPI_Request request;
-  Check(MPI_Iallreduce(MPI_IN_PLACE, words.data(), static_cast<int>(words.size()),
-                       MPI_UINT64_T, MPI_BAND, comm_, &request),
-        "MPI_Iallreduce");
-  WaitRequest(&request, "negotiation allreduce", words.size() * sizeof(uint64_t), {}, idle);
+  if (size_ == 1) return;
+  // The ranks past the largest power of two `p` fold in first: rank
+  // 2i (i < extra) hands its words to rank 2i+1 and waits for the result,
+  // so that p ranks double in log2(p) exchanges. Rank numbering inside the
+  // doubling: q = r/2 for the odd folded ranks, r - extra for the rest.
+  int p = 1;
+  while (p * 2 <= size_) p *= 2;
+  const int extra = size_ - p;
+  const size_t bytes = words.size() * sizeof(uint64_t);
+  // The buffers the messages use live in the transport: a wait that throws
+  // (a lost peer) leaves its requests posted, and they must not point into
+  // a vector the caller has freed.
+  and_send_.assign(words.begin(), words.end());
+  and_recv_.resize(words.size());
+  auto exchange = [&](int peer, bool send, bool recv) {
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (recv) {
+      Check(MPI_Irecv(and_recv_.data(), static_cast<int>(words.size()), MPI_UINT64_T, peer,
+                      kTagAgreementAnd, comm_, &requests[0]),
+            "MPI_Irecv");
+    }
+    if (send) {
+      Check(MPI_Isend(and_send_.data(), static_cast<int>(words.size()), MPI_UINT64_T, peer,
+                      kTagAgreementAnd, comm_, &requests[1]),
+            "MPI_Isend");
+    }
+    // Every other rank stays the awaited set, as for a collective: the
+    // judge then looks for a lost rank among all of them, not only this
+    // round's partner (who may itself be waiting for the lost one).
+    for (MPI_Request& r : requests) {
+      if (r != MPI_REQUEST_NULL) WaitRequest(&r, "negotiation allreduce", bytes, {}, idle);
+    }
+    if (recv) {
+      for (size_t i = 0; i < words.size(); ++i) and_send_[i] &= and_recv_[i];
+    }
+  };
+  const bool folded = rank_ < 2 * extra;
+  if (folded && rank_ % 2 == 0) {
+    exchange(rank_ + 1, true, false);
+    exchange(rank_ + 1, false, true);
+    words.assign(and_recv_.begin(), and_recv_.end());
+    return;
+  }
+  if (folded) exchange(rank_ - 1, false, true);
+  const int q = folded ? rank_ / 2 : rank_ - extra;
+  auto actual = [&](int peer_q) { return peer_q < extra ? 2 * peer_q + 1 : peer_q + extra; };
+  for (int distance = 1; distance < p; distance *= 2) {
+    exchange(actual(q ^ distance), true, true);
+  }
+  if (folded) exchange(rank_ - 1, true, false);
+  words.assign(and_send_.begin(), and_send_.end());
 }
 
 std::vector<std::vector<char>> MpiTransport::GatherBytes(const std::vector<char>& mine,

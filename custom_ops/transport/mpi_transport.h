@@ -99,6 +99,9 @@ class MpiTransport : public Group {
   std::vector<int> peers_;  // peer of each in-flight handle
   std::vector<size_t> bytes_;  // bytes of each in-flight handle
   std::vector<Handle> free_handles_;
+  // AllreduceBitwiseAnd's words in flight: this rank's running AND and the
+  // partner's words of the current exchange (kept across calls).
+  std::vector<uint64_t> and_send_, and_recv_;
 };
 
 // Wraps an MPI error code into a readable message.

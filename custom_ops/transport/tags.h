@@ -1,7 +1,7 @@
 // Every message tag of the core, in one place: messages between the same
 // two ranks of one group match by tag, so two users of a group must never
 // share one. Algorithms take the 100s, the setup of process sets the
-// 120s. (The failure diagnosis probes over TCP, apart from every group:
+// 120s, the control plane's own point-to-point rounds the 130s. (The failure diagnosis probes over TCP, apart from every group:
 // health/fault_report.h.)
 #pragma once
 
@@ -23,5 +23,6 @@ constexpr int kTagRackExchange = 115;   // algorithms/rack_allreduce.cc: small c
 constexpr int kTagSetupOffer = 121;     // engine/set_setup.cc: a rank's word to rank 0
 constexpr int kTagSetupVerdict = 122;   // engine/set_setup.cc: rank 0's verdict
 constexpr int kTagProbe = 123;          // topology/topology_probe.cc: the rounds' transfers
+constexpr int kTagAgreementAnd = 131;   // transport/mpi_transport.cc: the negotiation's AND
 
 }  // namespace ddl
