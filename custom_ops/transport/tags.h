@@ -1,7 +1,8 @@
 // Every message tag of the core, in one place: messages between the same
 // two ranks of one group match by tag, so two users of a group must never
 // share one. Algorithms take the 100s, the setup of process sets the
-// 120s, the control plane's own point-to-point rounds the 130s. (The failure diagnosis probes over TCP, apart from every group:
+// 120s, the control plane's own point-to-point rounds the 130s. (The
+// failure diagnosis probes over TCP, apart from every group:
 // health/fault_report.h.)
 #pragma once
 
