@@ -108,8 +108,21 @@ def two_ranks(launcher, three_ranks):
     return workdir, stops, proc
 
 
+def epoch_digests(proc, job, reference, nprocs):
+    """Which epochs' end digests of `job` differ from `reference`'s, per rank
+    (the resumed job prints only the epochs it trained)."""
+    lines = {}
+    for name in (job, reference):
+        for m in re.finditer(rf"^RANK (\d) JOB {re.escape(name)} EPOCH (\d+) digest=(\w+)$",
+                             proc.stdout, re.M):
+            lines.setdefault(name, {})[(int(m.group(1)), int(m.group(2)))] = m.group(3)
+    mine, theirs = lines.get(job, {}), lines.get(reference, {})
+    differ = sorted(k for k in mine if mine[k] != theirs.get(k))
+    return f"(rank, epoch) whose end differs from {reference}'s: {differ or 'none'}"
+
+
 def test_killed_at_a_random_batch_resumes_bitwise_on_2_ranks(two_ranks):
-    _, stops, proc = two_ranks
+    workdir, stops, proc = two_ranks
     note = f"(random batches {stops})"
     assert proc.returncode == 0, note + output(proc)
     assert re.search(rf"^RANK 1 JOB arr2 killed at batch {stops['arr2']}$", proc.stdout, re.M), \
@@ -124,7 +137,17 @@ def test_killed_at_a_random_batch_resumes_bitwise_on_2_ranks(two_ranks):
         epoch, step, iterations = position_of(last_save(at))
         assert resumes[1] == f"epoch={epoch} step={step} iterations={iterations} world=2", \
             f"{job} {note}\n{output(proc)}"
-        assert final(proc, job, 2) == final(proc, f"{job}-straight", 2), f"{job} {note}"
+        # The resumed attempt trains the straight run's rows at every step
+        # from the backup on (its log's last lines, from the backup's step).
+        for r in range(2):
+            resumed = read_ids(workdir / f"{job}.ids.{r}")
+            starts = [i for i, (s, _) in enumerate(resumed) if s == iterations]
+            straight = [line for line in read_ids(workdir / f"{job}-straight.ids.{r}")
+                        if line[0] >= iterations]
+            assert resumed[starts[-1]:] == straight, f"{job} rank {r} {note}"
+        assert final(proc, job, 2) == final(proc, f"{job}-straight", 2), \
+            f"{job} {note}: the same rows, other weights; " + \
+            epoch_digests(proc, job, f"{job}-straight", 2)
     assert final(proc, "arr2", 2)[1] == str(STEPS * EPOCHS)
 
 

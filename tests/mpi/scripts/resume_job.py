@@ -34,7 +34,8 @@ momentum and a warmup schedule, saving every SAVE_FREQ batches (never at an
 epoch boundary). Each rank appends ``step id id ...`` for every step it
 trains to WORKDIR/NAME.ids.<rank> (the sample ids of its rows), and prints
 ``RANK r JOB NAME RESTORED epoch=E step=S iterations=I world=W`` after the
-restore and ``RANK r JOB NAME FINAL digest=D iterations=I`` at the end (D:
+restore, ``RANK r JOB NAME EPOCH e digest=D`` at the end of every epoch it
+trains, and ``RANK r JOB NAME FINAL digest=D iterations=I`` at the end (D:
 SHA-256 of every model and optimizer variable).
 """
 
@@ -168,6 +169,9 @@ class Faults(keras.callbacks.Callback):
                 return real_write(path, chunks)
 
             backup_store._write = write_then_die
+
+    def on_epoch_end(self, epoch, logs=None):
+        say(f"JOB {self.name} EPOCH {epoch} digest={digest(self.model)}")
 
     def on_train_batch_begin(self, batch, logs=None):
         first_run = int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0
