@@ -108,7 +108,7 @@ def two_ranks(launcher, three_ranks):
     return workdir, stops, proc
 
 
-def epoch_digests(proc, job, reference, nprocs):
+def epoch_digests(proc, job, reference):
     """Which epochs' end digests of `job` differ from `reference`'s, per rank
     (the resumed job prints only the epochs it trained)."""
     lines = {}
@@ -147,7 +147,7 @@ def test_killed_at_a_random_batch_resumes_bitwise_on_2_ranks(two_ranks):
             assert resumed[starts[-1]:] == straight, f"{job} rank {r} {note}"
         assert final(proc, job, 2) == final(proc, f"{job}-straight", 2), \
             f"{job} {note}: the same rows, other weights; " + \
-            epoch_digests(proc, job, f"{job}-straight", 2)
+            epoch_digests(proc, job, f"{job}-straight")
     assert final(proc, "arr2", 2)[1] == str(STEPS * EPOCHS)
 
 
