@@ -110,13 +110,13 @@ def two_ranks(launcher, three_ranks):
 
 def epoch_digests(proc, job, reference):
     """Which epochs' end digests of `job` differ from `reference`'s, per rank
-    (the resumed job prints only the epochs it trained)."""
-    lines = {}
-    for name in (job, reference):
-        for m in re.finditer(rf"^RANK (\d) JOB {re.escape(name)} EPOCH (\d+) digest=(\w+)$",
-                             proc.stdout, re.M):
-            lines.setdefault(name, {})[(int(m.group(1)), int(m.group(2)))] = m.group(3)
-    mine, theirs = lines.get(job, {}), lines.get(reference, {})
+    (the resumed job prints only the epochs it trained; a later attempt's
+    line replaces an earlier one's)."""
+    def ends(name):
+        pattern = rf"^RANK (\d) JOB {re.escape(name)} EPOCH (\d+) digest=(\w+)$"
+        return {(int(r), int(e)): d for r, e, d in re.findall(pattern, proc.stdout, re.M)}
+
+    mine, theirs = ends(job), ends(reference)
     differ = sorted(k for k in mine if mine[k] != theirs.get(k))
     return f"(rank, epoch) whose end differs from {reference}'s: {differ or 'none'}"
 
